@@ -1,0 +1,37 @@
+# The two set-up commands of the README: `make run` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
+
+.PHONY: install install-dev run test lint bench clean
+
+$(STAMP): pyproject.toml scripts/bootstrap.sh
+	bash scripts/bootstrap.sh $(VENV)
+	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(DEV_STAMP)
+
+install: $(STAMP)
+
+install-dev: $(DEV_STAMP)
+
+run: install
+	$(VENV)/bin/eventspark serve $(if $(CONFIG),-c $(CONFIG),)
+
+test: install-dev
+	bash scripts/test-services.sh
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+lint: install-dev
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+bench: install-dev
+	$(PY) bench/steps.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,165 @@
+"""Reading a config file: YAML or JSON, `${env.VAR}` substitution, validation, defaults."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args
+
+import orjson
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from eventspark.config.models import ApiKey, Config, Destination, DuckDBDestination
+
+ENV_PLACEHOLDER = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+MAX_CONFIG_BYTES = 10 * 1024 * 1024
+DESTINATION_TYPES = frozenset(t.model_fields["type"].annotation.__args__[0] for t in get_args(get_args(Destination)[0]))
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the key path and the reason."""
+
+
+@dataclass
+class LoadedConfig:
+    config: Config
+    warnings: list[str] = field(default_factory=list)
+    generated_token: ApiKey | None = None
+
+
+def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> LoadedConfig:
+    """Loads and validates `path`; with no path, the embedded defaults."""
+    raw: Any = {} if path is None else read_config_file(Path(path))
+    raw = substitute_env(raw, os.environ if env is None else env)
+    config = validate_config(raw)
+    loaded = LoadedConfig(config=config, warnings=list(unknown_keys(config)))
+    apply_defaults(loaded, embedded=path is None)
+    check_steps(config)
+    return loaded
+
+
+def read_config_file(path: Path) -> Any:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        if path.suffix.lower() == ".json":
+            return orjson.loads(data)
+        return yaml.safe_load(data) or {}
+    except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+
+
+def substitute_env(value: Any, env: Mapping[str, str], where: str = "") -> Any:
+    """Replaces `${env.VAR}` (or `${env.VAR:-default}`) in every string of the parsed document."""
+    if isinstance(value, str):
+        return _substitute_string(value, env, where)
+    if isinstance(value, dict):
+        return {k: substitute_env(v, env, _join(where, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute_env(v, env, _join(where, i)) for i, v in enumerate(value)]
+    return value
+
+
+def _substitute_string(text: str, env: Mapping[str, str], where: str) -> str:
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{where or '<root>'}: environment variable {name} is not set")
+
+    return ENV_PLACEHOLDER.sub(replace, text) if "${env." in text else text
+
+
+def validate_config(raw: Any) -> Config:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"<root>: the config must be a mapping, got {type(raw).__name__}")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors(include_url=False):
+        loc = _location(error["loc"])
+        lines.append(f"{loc or '<root>'}: {error['msg']}")
+    return "invalid config:\n  " + "\n  ".join(dict.fromkeys(lines))
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    # Drop pydantic's union tags (the `postgres` in destinations.pg.postgres.datasource) and validator names.
+    parts = list(loc)
+    if len(parts) > 2 and parts[0] == "destinations" and parts[2] in DESTINATION_TYPES:
+        del parts[2]
+    return ".".join(str(p) for p in parts if not (isinstance(p, str) and p.startswith("function-")))
+
+
+def unknown_keys(model: BaseModel, where: str = "") -> Iterator[str]:
+    """Warnings for keys that no model field took."""
+    for key in model.model_extra or {}:
+        yield f"{_join(where, key)}: unknown key, ignored"
+    for name in type(model).model_fields:
+        yield from _unknown_in(getattr(model, name), _join(where, name))
+
+
+def _unknown_in(value: Any, where: str) -> Iterator[str]:
+    if isinstance(value, BaseModel):
+        yield from unknown_keys(value, where)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _unknown_in(v, _join(where, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _unknown_in(v, _join(where, i))
+
+
+def _join(where: str, key: object) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+def apply_defaults(loaded: LoadedConfig, embedded: bool) -> None:
+    """A generated token when none is configured; the embedded DuckDB warehouse without a config."""
+    config = loaded.config
+    if not config.api_keys:
+        secret = secrets.token_urlsafe(24)
+        token = ApiKey(client_secret=secret, server_secret=secret)
+        config.api_keys.append(token)
+        loaded.generated_token = token
+    if embedded:
+        config.log.rotation_min = 1
+        config.destinations["duckdb"] = DuckDBDestination(type="duckdb")
+
+
+def check_steps(config: Config) -> None:
+    """Compiles every template and mapping now so that a bad one is a config error, not a runtime one."""
+    from eventspark.steps.mapping import Mapper, MappingError
+    from eventspark.steps.template import TemplateSyntaxError, compile_template
+
+    for dest_id, dest in config.destinations.items():
+        layout = dest.data_layout
+        where = f"destinations.{dest_id}.data_layout"
+        try:
+            compile_template(layout.table_name_template)
+        except TemplateSyntaxError as exc:
+            raise ConfigError(f"{where}.table_name_template: {exc}") from None
+        if layout.mappings is not None:
+            fields = [f.model_dump(exclude_none=True) for f in layout.mappings.fields]
+            try:
+                Mapper.build(layout.mappings.keep_unmapped, fields)
+            except MappingError as exc:
+                raise ConfigError(f"{where}.mappings: {exc}") from None
+        for token in dest.only_tokens or ():
+            if not any(token in (k.id, k.client_secret, k.server_secret) for k in config.api_keys):
+                raise ConfigError(f"destinations.{dest_id}.only_tokens: no api key has id or secret {token!r}")
