@@ -1,0 +1,229 @@
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eventspark.config import ConfigError, load_config
+from eventspark.config.models import ClickHouseDestination, DuckDBDestination, PostgresDestination
+
+REFERENCE_CONFIG = """
+server:
+  name: collector-01
+  port: 8001
+  admin_token: change-me
+  max_columns: 100
+  metrics: {prometheus: {enabled: true}}
+api_keys:
+  - id: web
+    client_secret: 5f15eba2-js
+    server_secret: 9b6c31c2-s2s
+    origins: ['*example.com']
+log: {path: ./events, rotation_min: 5}
+geo.maxmind_path: /path/GeoIP2-City.mmdb
+destinations:
+  pg:
+    type: postgres
+    mode: batch
+    only_tokens: [web]
+    datasource: {host: localhost, port: 5432, db: analytics, schema: public, username: u, password: p}
+    data_layout:
+      table_name_template: '{{.event_type}}_{{._timestamp.Format "2006_01"}}'
+      primary_key_fields: [eventn_ctx_event_id]
+      mappings:
+        keep_unmapped: true
+        fields:
+          - {src: /key1/key3, dst: /key4, action: move, type: varchar(256)}
+          - {src: /secret, action: remove}
+          - {src: /amount, action: cast, type: numeric(12,2)}
+          - {dst: /app, action: constant, value: shop}
+    enrichment:
+      - {name: ip_lookup, from: /ip, to: /geo}
+      - {name: user_agent_parse, from: /ua, to: /parsed_ua}
+  ch:
+    type: clickhouse
+    clickhouse:
+      dsns: ["http://default:@localhost:8123/analytics"]
+      db: analytics
+      engine: {partition_fields: [{function: toYYYYMM, field: _timestamp}], order_fields: [{field: eventn_ctx_event_id}]}
+coordination: {redis: {host: localhost, port: 6379}}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_reference_config_loads(tmp_path: Path) -> None:
+    loaded = load_config(write(tmp_path, REFERENCE_CONFIG), env={})
+    cfg = loaded.config
+    assert loaded.warnings == []
+    assert loaded.generated_token is None
+    assert cfg.server.name == "collector-01"
+    assert cfg.geo.maxmind_path == "/path/GeoIP2-City.mmdb"
+    assert [k.id for k in cfg.api_keys] == ["web"]
+    pg = cfg.destinations["pg"]
+    assert isinstance(pg, PostgresDestination)
+    assert pg.datasource.schema_ == "public"
+    assert pg.data_layout.mappings is not None
+    assert [f.action for f in pg.data_layout.mappings.fields] == ["move", "remove", "cast", "constant"]
+    assert pg.enrichment[0].from_ == "/ip"
+    ch = cfg.destinations["ch"]
+    assert isinstance(ch, ClickHouseDestination)
+    assert ch.clickhouse.engine.partition_fields[0].function == "toYYYYMM"
+    assert cfg.coordination is not None and cfg.coordination.redis is not None
+    assert cfg.spark.master == "local[*]"
+
+
+def test_json_config_and_env_substitution(tmp_path: Path) -> None:
+    text = """{"server": {"port": "${env.ES_PORT}", "admin_token": "${env.ES_ADMIN:-fallback}"},
+               "api_keys": [{"client_secret": "${env.ES_SECRET}"}]}"""
+    cfg = load_config(write(tmp_path, text, "c.json"), env={"ES_PORT": "9000", "ES_SECRET": "s3"}).config
+    assert cfg.server.port == 9000
+    assert cfg.server.admin_token == "fallback"
+    assert cfg.api_keys[0].client_secret == "s3"
+
+
+def test_missing_env_var_names_the_key(tmp_path: Path) -> None:
+    text = "destinations:\n  pg:\n    type: postgres\n    datasource: {db: x, password: '${env.NOPE_PW}'}\n"
+    with pytest.raises(ConfigError, match=r"destinations\.pg\.datasource\.password: environment variable NOPE_PW"):
+        load_config(write(tmp_path, text), env={})
+
+
+def test_token_id_defaults_to_md5_of_secrets(tmp_path: Path) -> None:
+    text = "api_keys:\n  - {client_secret: abc, server_secret: def}\n  - plain-token\n"
+    keys = load_config(write(tmp_path, text), env={}).config.api_keys
+    assert keys[0].id == hashlib.md5(b"abcdef").hexdigest()
+    assert keys[1].client_secret == keys[1].server_secret == "plain-token"
+
+
+def test_server_auth_is_merged_into_api_keys(tmp_path: Path) -> None:
+    text = "server:\n  auth: [{id: legacy, client_secret: a}]\napi_keys: [{id: new, client_secret: b}]\n"
+    assert [k.id for k in load_config(write(tmp_path, text), env={}).config.api_keys] == ["new", "legacy"]
+
+
+def test_duplicate_token_ids_rejected(tmp_path: Path) -> None:
+    text = "api_keys: [{id: a, client_secret: x}, {id: a, client_secret: y}]\n"
+    with pytest.raises(ConfigError, match="used twice"):
+        load_config(write(tmp_path, text), env={})
+
+
+def test_generated_token_when_none_configured(tmp_path: Path) -> None:
+    loaded = load_config(write(tmp_path, "server: {port: 8100}\n"), env={})
+    token = loaded.generated_token
+    assert token is not None and len(token.client_secret) >= 24
+    assert token.client_secret == token.server_secret
+    assert loaded.config.api_keys == [token]
+    assert loaded.config.destinations == {}
+
+
+def test_embedded_defaults() -> None:
+    loaded = load_config(None, env={})
+    cfg = loaded.config
+    assert cfg.server.port == 8001
+    assert cfg.log.path == "./events" and cfg.log.rotation_min == 1
+    assert isinstance(cfg.destinations["duckdb"], DuckDBDestination)
+    assert cfg.destinations["duckdb"].mode == "batch"
+    assert loaded.generated_token is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("server: {port: abc}", r"server\.port: Input should be a valid integer"),
+        ("server: {port: 70000}", r"server\.port: Input should be less than or equal to 65535"),
+        ("destinations: {pg: {type: postgres}}", r"destinations\.pg\.datasource: Field required"),
+        ("destinations: {pg: {type: postgress, datasource: {db: a}}}", r"destinations\.pg: Input tag 'postgress'"),
+        ("destinations: {pg: {type: postgres, mode: fast, datasource: {db: a}}}", r"destinations\.pg\.mode"),
+        ("log: {rotation_min: 0}", r"log\.rotation_min: Input should be greater than 0"),
+        ("api_keys: [{id: x}]", r"api_keys\.0: Value error, a token needs client_secret or server_secret"),
+        ("coordination: {redis: {}, etcd: {endpoint: e}}", r"coordination: Value error, choose one"),
+        (
+            "destinations: {d: {type: duckdb, enrichment: [{name: geo, from: /a, to: /b}]}}",
+            r"destinations\.d\.enrichment\.0\.name",
+        ),
+        ("- just\n- a list", r"<root>: the config must be a mapping"),
+        ("server: [unclosed", r"is not valid YAML"),
+    ],
+)
+def test_bad_config_names_key_path_and_reason(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text), env={})
+
+
+def test_unknown_keys_are_warned(tmp_path: Path) -> None:
+    text = "server: {port: 8001, colour: blue}\nlog: {path: x, rotaton_min: 3}\nmystery: 1\n"
+    warnings = load_config(write(tmp_path, text), env={}).warnings
+    assert sorted(warnings) == [
+        "log.rotaton_min: unknown key, ignored",
+        "mystery: unknown key, ignored",
+        "server.colour: unknown key, ignored",
+    ]
+
+
+def test_unknown_keys_in_destinations_are_warned(tmp_path: Path) -> None:
+    text = "destinations: {d: {type: duckdb, data_layout: {table_nam_template: x}}}\n"
+    warnings = load_config(write(tmp_path, text), env={}).warnings
+    assert warnings == ["destinations.d.data_layout.table_nam_template: unknown key, ignored"]
+
+
+def test_bad_template_is_a_config_error(tmp_path: Path) -> None:
+    text = "destinations: {d: {type: duckdb, data_layout: {table_name_template: '{{.a'}}}\n"
+    with pytest.raises(ConfigError, match=r"destinations\.d\.data_layout\.table_name_template: "):
+        load_config(write(tmp_path, text), env={})
+
+
+def test_bad_mapping_is_a_config_error(tmp_path: Path) -> None:
+    text = (
+        "destinations: {d: {type: duckdb, data_layout: {mappings: {fields: [{src: /a, action: cast}]}}}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"destinations\.d\.data_layout\.mappings: "):
+        load_config(write(tmp_path, text), env={})
+
+
+def test_legacy_mapping_syntax(tmp_path: Path) -> None:
+    text = "destinations: {d: {type: duckdb, data_layout: {mapping: ['/a/b -> /c', '/secret ->']}}}\n"
+    mappings = load_config(write(tmp_path, text), env={}).config.destinations["d"].data_layout.mappings
+    assert mappings is not None
+    assert [(f.src, f.dst, f.action) for f in mappings.fields] == [("/a/b", "/c", "move"), ("/secret", None, "remove")]
+
+
+def test_only_tokens_must_name_a_token(tmp_path: Path) -> None:
+    text = "api_keys: [{id: web, client_secret: s}]\ndestinations: {d: {type: duckdb, only_tokens: [mobile]}}\n"
+    with pytest.raises(ConfigError, match=r"destinations\.d\.only_tokens: no api key has id or secret 'mobile'"):
+        load_config(write(tmp_path, text), env={})
+
+
+def test_spark_section(tmp_path: Path) -> None:
+    text = "spark: {master: 'spark://h:7077', conf: {spark.executor.memory: 2g, spark.sql.adaptive.enabled: true}}\n"
+    spark = load_config(write(tmp_path, text), env={}).config.spark
+    assert spark.master == "spark://h:7077"
+    assert spark.conf == {"spark.executor.memory": "2g", "spark.sql.adaptive.enabled": "true"}
+
+
+def run_check(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "eventspark.cli", "check", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_check_command_on_good_config(tmp_path: Path) -> None:
+    result = run_check("-c", str(write(tmp_path, REFERENCE_CONFIG)))
+    assert result.returncode == 0, result.stderr
+    assert "config OK: 1 token(s), 2 destination(s)" in result.stdout
+    assert "pg: postgres, batch mode" in result.stdout
+
+
+def test_check_command_on_bad_config(tmp_path: Path) -> None:
+    result = run_check("-c", str(write(tmp_path, "server: {port: abc}\nextra: 1\n")))
+    assert result.returncode == 2
+    assert "server.port: Input should be a valid integer" in result.stderr
+
+
+def test_check_command_on_missing_file(tmp_path: Path) -> None:
+    result = run_check("-c", str(tmp_path / "absent.yaml"))
+    assert result.returncode == 2
+    assert "cannot read config file" in result.stderr
