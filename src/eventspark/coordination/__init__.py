@@ -1,0 +1,55 @@
+"""Locks, table versions and node liveness shared by the nodes of a cluster.
+
+`build_coordination` picks the backend from the `coordination:` config section: in-process when it
+is absent, Redis or etcd otherwise. Backend drivers are imported only when chosen.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from eventspark.config.models import CoordinationConfig
+from eventspark.coordination.base import (
+    Coordination,
+    CoordinationError,
+    CoordinationUnavailable,
+    LockTimeout,
+)
+from eventspark.coordination.memory import MemoryCoordination
+
+__all__ = [
+    "Coordination",
+    "CoordinationError",
+    "CoordinationUnavailable",
+    "LockTimeout",
+    "MemoryCoordination",
+    "build_coordination",
+]
+
+
+def build_coordination(config: CoordinationConfig | None, node_name: str) -> Coordination:
+    """The coordination backend for `config`; does no I/O (backends connect on first use).
+
+    `node_name` is the node's `server.name`; when empty, the host name is used.
+    """
+    name = node_name or socket.gethostname()
+    if config is not None and config.redis is not None:
+        try:
+            from eventspark.coordination.redis import RedisCoordination
+        except ModuleNotFoundError as exc:
+            raise _missing_driver("redis", "redis", exc.name) from exc
+        return RedisCoordination(config.redis, name)
+    if config is not None and config.etcd is not None:
+        try:
+            from eventspark.coordination.etcd import EtcdCoordination
+        except ModuleNotFoundError as exc:
+            raise _missing_driver("etcd", "etcd3gw", exc.name) from exc
+        return EtcdCoordination(config.etcd, name)
+    return MemoryCoordination(name)
+
+
+def _missing_driver(backend: str, package: str, missing: str | None) -> CoordinationError:
+    return CoordinationError(
+        f"coordination.{backend} needs the Python package {package!r} "
+        f"(module {missing!r} is missing): pip install {package}"
+    )

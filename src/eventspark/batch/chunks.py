@@ -1,0 +1,150 @@
+"""Rows of one destination/table pair in one Spark task, with their types, until they are staged.
+
+A value must fit the column it will land in. For a column the target table already has, the value
+is checked against the table's type now, on the executor, so that one bad value fails one event
+(with a reason naming the column and the value) instead of the whole load. Columns typed by the
+mapping (`cast`) or by name (`_timestamp`) are checked against that type. Other columns get the
+type of their values, promoted when values disagree; the driver widens the table to that type.
+
+Values are kept in their *stage* form: bool, int, float, or str for STRING and TIMESTAMP
+(RFC 3339 text, cast by the warehouse at commit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from eventspark.destinations.base import ORDER_COLUMN
+from eventspark.steps.typing import (
+    ALWAYS_TIMESTAMP,
+    BatchHeader,
+    DataType,
+    Field,
+    coerce,
+    format_timestamp,
+    infer_type,
+    parse_generic_type,
+    parse_timestamp,
+    promote,
+)
+
+_MISSING = object()
+_STAGE_KIND: dict[DataType, type] = {
+    DataType.BOOL: bool,
+    DataType.INT64: int,
+    DataType.FLOAT64: float,
+    DataType.TIMESTAMP: str,
+    DataType.STRING: str,
+}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def to_stage(value: Any, stage: DataType) -> Any:
+    """`value` as the stage stores a `stage` column; ValueError when it does not fit."""
+    if stage is DataType.TIMESTAMP:
+        if type(value) is str and parse_timestamp(value) is not None:
+            return value
+        return format_timestamp(coerce(value, DataType.TIMESTAMP))  # type: ignore[arg-type]
+    return coerce(value, stage)
+
+
+class ChunkBuffer:
+    """Accepts rows for one table; `take` hands them over as a chunk with its column types."""
+
+    __slots__ = ("existing", "fixed_types", "mixed", "primary_keys", "rows", "seqs", "sql_types", "table", "types")
+
+    def __init__(
+        self, table: str, existing: Mapping[str, DataType | None] | None, primary_keys: tuple[str, ...] = ()
+    ) -> None:
+        self.table = table
+        self.existing: Mapping[str, DataType | None] = existing or {}
+        self.primary_keys = primary_keys
+        self.rows: list[dict[str, Any]] = []
+        self.seqs: list[int] = []
+        self.types: dict[str, DataType] = {}
+        self.sql_types: dict[str, str] = {}
+        self.mixed: set[str] = set()
+        self.fixed_types: dict[str, tuple[DataType, str | None]] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, values: dict[str, Any], casts: Mapping[str, str], seq: int = 0) -> str | None:
+        """Takes the row (its dict is kept and may be changed) or returns why it does not fit."""
+        for key in self.primary_keys:
+            if values.get(key) is None:
+                return f"primary key field {key!r} is missing"
+        existing, types = self.existing, self.types
+        for name, value in values.items():
+            if value is None:
+                continue
+            known = existing.get(name, _MISSING) if existing else _MISSING
+            if known is not _MISSING:
+                error = self._fit(values, name, value, known or DataType.STRING)  # type: ignore[arg-type]
+            elif name in ALWAYS_TIMESTAMP or (casts and name in casts):
+                error = self._fit(values, name, value, self._fixed_type(name, casts))
+            else:
+                found = infer_type(value)
+                current = types.get(name)
+                if current is None:
+                    types[name] = found
+                elif current is not found:
+                    types[name] = promote(current, found)
+                    self.mixed.add(name)
+                continue
+            if error is not None:
+                return error
+        self.rows.append(values)
+        self.seqs.append(seq)
+        return None
+
+    def _fixed_type(self, name: str, casts: Mapping[str, str]) -> DataType:
+        cast = casts.get(name) if casts else None
+        cached = self.fixed_types.get(name)
+        if cached is not None and cached[1] == cast:
+            return cached[0]
+        generic = parse_generic_type(cast) if cast is not None else DataType.TIMESTAMP
+        if cast is not None and generic is None:
+            self.sql_types[name] = cast  # a literal SQL type: staged as text, cast by the warehouse
+        stage = generic or DataType.STRING
+        self.fixed_types[name] = (stage, cast)
+        return stage
+
+    def _fit(self, values: dict[str, Any], name: str, value: Any, stage: DataType) -> str | None:
+        self.types[name] = stage
+        if type(value) is _STAGE_KIND[stage] and stage is not DataType.TIMESTAMP:
+            if stage is not DataType.INT64 or _INT64_MIN <= value <= _INT64_MAX:
+                return None
+        try:
+            values[name] = to_stage(value, stage)
+        except ValueError as exc:
+            return f"column {name!r}: {exc}"
+        return None
+
+    def take(self, ordered: bool = False) -> tuple[dict[str, DataType], list[list[Any]], BatchHeader]:
+        """The buffered rows as lists in column order, their stage types and header; then empty."""
+        types = self.types
+        columns = list(types)
+        rows = [list(map(row.get, columns)) for row in self.rows]
+        for index, name in enumerate(columns):
+            if name in self.mixed:
+                _convert_column(rows, index, types[name])
+        stage_types = dict(types)
+        if ordered:
+            stage_types[ORDER_COLUMN] = DataType.INT64
+            for row, seq in zip(rows, self.seqs, strict=True):
+                row.append(seq)
+        fields = {name: Field(t, self.sql_types.get(name)) for name, t in types.items()}
+        header = BatchHeader(self.table, fields)
+        self.rows, self.seqs, self.types, self.mixed = [], [], {}, set()
+        return stage_types, rows, header
+
+
+def _convert_column(rows: list[list[Any]], index: int, stage: DataType) -> None:
+    # Promotion only goes up the tree (bool → int → float → string), so these cannot fail.
+    kind = _STAGE_KIND[stage]
+    for row in rows:
+        value = row[index]
+        if value is not None and type(value) is not kind:
+            row[index] = to_stage(value, stage)

@@ -1,0 +1,69 @@
+"""What the driver tells every executor about one job: a small, picklable plan.
+
+It holds configuration and metadata only (which destinations each token feeds, which pairs are
+already uploaded, the column types of existing tables, where to stage), never events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from eventspark.config.models import ApiKey, DestinationBase
+from eventspark.destinations.base import StageTarget
+from eventspark.steps.typing import DataType
+
+DEFAULT_CHUNK_ROWS = 50_000
+"""Rows per staged chunk: bounds an executor's memory while keeping the number of chunks small."""
+
+
+@dataclass(slots=True)
+class JobPlan:
+    job_id: str
+    staging_dir: str
+    destinations: dict[str, Any]
+    """Destination id → its config (`DestinationBase`), batch destinations this job loads."""
+    secret_tokens: dict[str, str]
+    """`api_key` value of an event (a secret or a token id) → token id."""
+    token_destinations: dict[str, tuple[str, ...]]
+    default_destinations: tuple[str, ...]
+    """For tokens that are no longer configured: the destinations open to every token."""
+    file_tokens: dict[str, str]
+    """Rotated log name → token id in its name: the token of lines without a known `api_key`."""
+    file_ranks: dict[str, int]
+    """Rotated log name → its place in time order (rows of later logs win an upsert)."""
+    done: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    """(log name, destination id) → tables already uploaded from that log."""
+    existing: dict[str, dict[str, dict[str, DataType | None]]] = field(default_factory=dict)
+    """Destination id → table → column → the DataType its values must fit (None: not checked)."""
+    primary_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    stages: dict[str, StageTarget] = field(default_factory=dict)
+    geo_path: str | None = None
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+
+    def destinations_of(self, token_id: str) -> tuple[str, ...]:
+        found = self.token_destinations.get(token_id)
+        return self.default_destinations if found is None else found
+
+
+def token_routes(
+    api_keys: Iterable[ApiKey], destinations: dict[str, DestinationBase]
+) -> tuple[dict[str, str], dict[str, tuple[str, ...]], tuple[str, ...]]:
+    """(api_key value → token id, token id → destination ids, destinations open to every token).
+
+    `only_tokens` lists token ids or secrets; a destination without it takes every token.
+    """
+    secret_tokens: dict[str, str] = {}
+    token_destinations: dict[str, tuple[str, ...]] = {}
+    for key in api_keys:
+        names = {key.id, key.client_secret, key.server_secret} - {""}
+        for name in names:
+            secret_tokens.setdefault(name, key.id)
+        token_destinations[key.id] = tuple(
+            dest_id
+            for dest_id, dest in destinations.items()
+            if dest.only_tokens is None or names.intersection(dest.only_tokens)
+        )
+    default = tuple(dest_id for dest_id, dest in destinations.items() if dest.only_tokens is None)
+    return secret_tokens, token_destinations, default

@@ -1,0 +1,145 @@
+"""ASGI plumbing for the collector: the request view, body reading, responses and HTTP errors.
+
+Deliberately small and allocation-light: it runs for every event the collector receives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+import orjson
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+JSON_TYPE = (b"content-type", b"application/json")
+
+
+class HTTPError(Exception):
+    """An error answer: JSON `{"message": ..., "error": ...}` with `status`."""
+
+    def __init__(self, status: int, message: str, error: str = "", headers: Headers | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error = error
+        self.headers: Headers = headers or []
+        self.token_id: str | None = None  # for metrics, once the token is known
+
+    def response(self) -> Response:
+        body = orjson.dumps({"message": self.message, "error": self.error})
+        return Response(self.status, body, [JSON_TYPE, *self.headers])
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its body was read; nothing is answered."""
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    body: bytes
+    headers: Headers = field(default_factory=list)
+
+    async def send(self, send: Send) -> None:
+        headers = [*self.headers, (b"content-length", str(len(self.body)).encode())]
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+def json_response(data: Any, status: int = 200, headers: Headers | None = None) -> Response:
+    return Response(status, orjson.dumps(data), [JSON_TYPE, *(headers or ())])
+
+
+class Request:
+    """What handlers need from an HTTP scope; the query string is parsed on first use."""
+
+    __slots__ = ("_query", "headers", "method", "path", "receive", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        # ASGI header names are lower-case; a repeated header keeps its last value.
+        self.headers: dict[bytes, bytes] = dict(scope["headers"])
+        self._query: list[tuple[str, str]] | None = None
+
+    @property
+    def query(self) -> list[tuple[str, str]]:
+        if self._query is None:
+            self._query = parse_query(self.scope["query_string"])
+        return self._query
+
+    def query_param(self, name: str) -> str | None:
+        for key, value in self.query:
+            if key == name:
+                return value
+        return None
+
+    def header(self, name: bytes) -> str | None:
+        value = self.headers.get(name)
+        return None if value is None else value.decode("utf-8", "replace")
+
+    @property
+    def peer(self) -> str | None:
+        client = self.scope.get("client")
+        return client[0] if client else None
+
+
+def parse_query(raw: bytes) -> list[tuple[str, str]]:
+    """Query pairs in order; plain `a=b&c=d` strings skip the general (slower) decoder."""
+    if not raw:
+        return []
+    text = raw.decode("latin-1")
+    if "%" in text or "+" in text:
+        return parse_qsl(text, keep_blank_values=True)
+    return [(key, value) for key, _, value in (part.partition("=") for part in text.split("&") if part)]
+
+
+async def read_body(request: Request, limit: int, setting: str = "server.max_event_size") -> bytes:
+    """The whole body; 413 as soon as it is known to exceed `limit` bytes (named by `setting`)."""
+    declared = request.headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit, setting)
+    message = await request.receive()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        if len(body) > limit:
+            raise _too_large(limit, setting)
+        return body
+    return await _read_chunks(request, body, limit, setting)
+
+
+async def _read_chunks(request: Request, first: bytes, limit: int, setting: str) -> bytes:
+    chunks = [first]
+    size = len(first)
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit, setting)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _too_large(limit: int, setting: str) -> HTTPError:
+    # The rest of the body is not read: ask the server to close the connection after answering.
+    return HTTPError(
+        413,
+        "Request body is too large",
+        f"the limit is {limit} bytes ({setting})",
+        [(b"connection", b"close")],
+    )

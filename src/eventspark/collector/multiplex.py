@@ -1,0 +1,79 @@
+"""Multiplexing at receipt: which files a token's events are written to.
+
+A token's events go to its incoming log when at least one batch destination takes the token,
+and to the spool of every stream destination that takes it (`only_tokens`: ids or secrets;
+absent means every token). Routes are computed once at start, not per event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from eventspark.collector.auth import Token
+from eventspark.config.models import Config, Destination
+from eventspark.logs.incoming import AppendOnlyFile, IncomingLogs
+from eventspark.logs.queue_spool import StreamSpool, spool_dir
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one token's events go."""
+
+    token_id: str
+    batch_destinations: tuple[str, ...]
+    stream_destinations: tuple[str, ...]
+    incoming: AppendOnlyFile | None
+    spools: tuple[StreamSpool, ...]
+
+    @property
+    def has_destination(self) -> bool:
+        return bool(self.batch_destinations or self.stream_destinations)
+
+    def write(self, data: bytes, lines: int) -> list[AppendOnlyFile]:
+        """Appends `data` to every file of the route; returns them (for group commit)."""
+        files = []
+        if self.incoming is not None:
+            self.incoming.write(data, lines)
+            files.append(self.incoming)
+        for spool in self.spools:
+            spool.append(data, lines)
+            files.append(spool.file)
+        return files
+
+
+def takes_token(destination: Destination, token: Token) -> bool:
+    allowed = destination.only_tokens
+    if allowed is None:
+        return True
+    return any(t in (token.id, token.client_secret, token.server_secret) for t in allowed if t)
+
+
+def build_routes(
+    config: Config, tokens: list[Token], logs: IncomingLogs, worker: int | None = None
+) -> tuple[dict[str, Route], dict[str, StreamSpool]]:
+    """One route per token id, and the stream spools by destination id."""
+    log_path = Path(config.log.path)
+    spools = {
+        dest_id: StreamSpool(spool_dir(log_path, dest_id), worker)
+        for dest_id, dest in config.destinations.items()
+        if dest.mode == "stream"
+    }
+    routes = {token.id: _route(token, config.destinations, logs, spools) for token in tokens}
+    return routes, spools
+
+
+def _route(
+    token: Token, destinations: Mapping[str, Destination], logs: IncomingLogs, spools: dict[str, StreamSpool]
+) -> Route:
+    taking = [dest_id for dest_id, dest in destinations.items() if takes_token(dest, token)]
+    batch = tuple(d for d in taking if destinations[d].mode == "batch")
+    stream = tuple(d for d in taking if destinations[d].mode == "stream")
+    return Route(
+        token_id=token.id,
+        batch_destinations=batch,
+        stream_destinations=stream,
+        incoming=logs.file_for(token.id) if batch else None,
+        spools=tuple(spools[d] for d in stream),
+    )

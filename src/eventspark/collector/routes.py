@@ -1,0 +1,188 @@
+"""The EventNative HTTP API: one handler per endpoint and the table that finds them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from eventspark.collector import bulk, pixel
+from eventspark.collector.auth import PREFLIGHT_HEADERS, Token, check_admin, cors_headers, request_token
+from eventspark.collector.body import events_of, parse_json
+from eventspark.collector.http import (
+    JSON_TYPE,
+    Headers,
+    HTTPError,
+    Request,
+    Response,
+    json_response,
+    read_body,
+)
+from eventspark.collector.metrics import CONTENT_TYPE as METRICS_TYPE
+
+if TYPE_CHECKING:
+    from eventspark.collector.app import CollectorApp
+
+Handler = Callable[["CollectorApp", Request], Awaitable[Response]]
+
+OK = b'{"status":"ok"}'
+RANDOM_URL_PREFIX = "/api."
+"""`/api.<anything>?p_<anything>=<token>`: the ad-blocker-proof JS endpoint."""
+
+
+# --- events ---------------------------------------------------------------------------------------
+
+
+async def js_event(app: CollectorApp, request: Request) -> Response:
+    """POST /api/v1/event and /api.*: a browser's events, client secret, CORS."""
+    token, secret = app.tokens.require_client(request_token(request))
+    cors = cors_headers(request, token.origins)
+    with _answering(token, cors):
+        route = app.route(token)
+        body = await read_body(request, app.max_event_size)
+        events = events_of(parse_json(body))
+        await app.ingest(route, token, secret, events, request, server_side=False)
+    return Response(200, OK, [JSON_TYPE, *cors])
+
+
+async def s2s_event(app: CollectorApp, request: Request) -> Response:
+    """POST /api/v1/s2s/event: a back end's events, server secret."""
+    token, secret = app.tokens.require_server(request_token(request))
+    with _answering(token, []):
+        route = app.route(token)
+        body = await read_body(request, app.max_event_size)
+        events = events_of(parse_json(body))
+        await app.ingest(route, token, secret, events, request, server_side=True)
+    return Response(200, OK, [JSON_TYPE])
+
+
+async def bulk_upload(app: CollectorApp, request: Request) -> Response:
+    """POST /api/v1/events/bulk: NDJSON upload, server secret, answered once everything is written."""
+    token, secret = app.tokens.require_server(request_token(request))
+    with _answering(token, []):
+        route = app.route(token)
+        body = await read_body(request, bulk.bulk_limit(app.max_event_size), "64 × server.max_event_size")
+        ip, _ = app.sender(request, server_side=True)
+        content_type = request.header(b"content-type")
+        # Parsing and enriching a large upload would stall other requests: done on a thread.
+        lines, count = await asyncio.to_thread(_bulk_lines, app, body, content_type, secret, ip)
+        await app.commit(route, token, lines, count)
+    return json_response({"status": "ok", "accepted": count})
+
+
+def _bulk_lines(
+    app: CollectorApp, body: bytes, content_type: str | None, secret: str, ip: str
+) -> tuple[bytes, int]:
+    events = bulk.bulk_events(body, content_type, app.max_event_size)
+    return app.prepare(events, secret, ip, None, server_side=True), len(events)
+
+
+async def pixel_gif(app: CollectorApp, request: Request) -> Response:
+    """GET /api/v1/p.gif?data=<base64 JSON>: the token in the URL or in the data."""
+    events = events_of(pixel.decode_data(request.query_param("data"), app.max_event_size))
+    token, secret = app.tokens.require_client(request_token(request) or pixel.token_in_data(events))
+    cors = cors_headers(request, token.origins)
+    with _answering(token, cors):
+        route = app.route(token)
+        await app.ingest(route, token, secret, events, request, server_side=False)
+    return Response(200, pixel.GIF, [*pixel.GIF_HEADERS, *cors])
+
+
+class _answering:
+    """Adds the token id and CORS headers to an error raised once the token is known."""
+
+    def __init__(self, token: Token, cors: Headers) -> None:
+        self.token = token
+        self.cors = cors
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, HTTPError):
+            exc.token_id = self.token.id
+            exc.headers.extend(self.cors)
+
+
+# --- admin and misc -------------------------------------------------------------------------------
+
+
+async def ping(app: CollectorApp, request: Request) -> Response:
+    return Response(200, b"pong", [(b"content-type", b"text/plain; charset=utf-8")])
+
+
+async def cluster(app: CollectorApp, request: Request) -> Response:
+    check_admin(request, app.admin_token)
+    return json_response({"instances": [{"name": app.server_name}]})
+
+
+async def prometheus(app: CollectorApp, request: Request) -> Response:
+    check_admin(request, app.admin_token)
+    if not app.config.server.metrics.prometheus.enabled:
+        raise HTTPError(404, "Prometheus metrics are disabled", "set server.metrics.prometheus.enabled: true")
+    return Response(200, app.metrics.render(), [(b"content-type", METRICS_TYPE)])
+
+
+def not_implemented(feature: str, admin: bool) -> Handler:
+    """Endpoints of the EventNative API whose feature eventspark does not provide yet."""
+
+    async def handler(app: CollectorApp, request: Request) -> Response:
+        if admin:
+            check_admin(request, app.admin_token)
+        else:
+            app.tokens.require_server(request_token(request))
+        raise HTTPError(501, f"{feature} is not implemented in this version of eventspark", request.path)
+
+    return handler
+
+
+def preflight(app: CollectorApp, request: Request, js: bool) -> Response:
+    """OPTIONS: the CORS preflight; JS endpoints echo an Origin their token allows.
+
+    A preflight carries no `X-Auth-Token` value, so without a token in the URL the Origin is
+    echoed and the real request is checked when it comes.
+    """
+    headers = list(PREFLIGHT_HEADERS)
+    origin = request.headers.get(b"origin")
+    if js and origin is not None:
+        secret = request_token(request)
+        token = app.tokens.client(secret) if secret else None
+        if secret is None or (token is not None and token.origins.allows(origin.decode("latin-1"))):
+            headers += [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
+    return Response(200, b"", headers)
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+JS_METHODS: dict[str, Handler] = {"POST": js_event}
+ROUTES: dict[str, dict[str, Handler]] = {
+    "/ping": {"GET": ping, "HEAD": ping},
+    "/api/v1/event": JS_METHODS,
+    "/api/v1/s2s/event": {"POST": s2s_event},
+    "/api/v1/events/bulk": {"POST": bulk_upload},
+    "/api/v1/p.gif": {"GET": pixel_gif},
+    "/api/v1/cluster": {"GET": cluster},
+    "/prometheus": {"GET": prometheus},
+    "/api/v1/events/dry-run": {"POST": not_implemented("Dry run", admin=False)},
+    "/api/v1/destinations/test": {"POST": not_implemented("Destination testing", admin=True)},
+    "/api/v1/events/cache": {"GET": not_implemented("The events cache", admin=True)},
+    "/api/v1/fallback": {"GET": not_implemented("Listing failed events", admin=True)},
+    "/api/v1/replay": {"POST": not_implemented("Replaying failed events", admin=True)},
+}
+JS_PATHS = frozenset({"/api/v1/event", "/api/v1/p.gif"})
+
+
+def find(path: str) -> tuple[str, dict[str, Handler]] | None:
+    """(route name, handlers by method) for a path; trailing slashes are ignored."""
+    methods = ROUTES.get(path)
+    if methods is not None:
+        return path, methods
+    if path.startswith(RANDOM_URL_PREFIX):
+        return RANDOM_URL_PREFIX, JS_METHODS
+    if len(path) > 1 and path.endswith("/"):
+        return find(path.rstrip("/") or "/")
+    return None
+
+
+def is_js(name: str) -> bool:
+    return name in JS_PATHS or name == RANDOM_URL_PREFIX

@@ -1,0 +1,76 @@
+"""Machinery shared by the networked backends: waiting for a lock and renewing its lease."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from eventspark.coordination.base import CoordinationError, LockTimeout
+
+logger = logging.getLogger(__name__)
+
+FIRST_POLL_DELAY = 0.01
+MAX_POLL_DELAY = 0.25
+"""Waiters poll at most 4 times a second: locks guard DDL, which takes far longer than that."""
+
+
+def wait_for_lock(name: str, timeout: float, attempt: Callable[[], tuple[bool, str | None]]) -> None:
+    """Call `attempt` (returning acquired, current holder) with growing pauses until it succeeds.
+
+    Raises `LockTimeout` once `timeout` seconds have passed without success.
+    """
+    started = time.monotonic()
+    deadline = started + max(timeout, 0.0)
+    delay = FIRST_POLL_DELAY
+    while True:
+        acquired, holder = attempt()
+        if acquired:
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise LockTimeout(name, holder, time.monotonic() - started)
+        # Jitter keeps contenders that started together from polling in lockstep.
+        time.sleep(min(remaining, delay * random.uniform(0.5, 1.5)))
+        delay = min(delay * 2, MAX_POLL_DELAY)
+
+
+class LeaseRenewer:
+    """Calls `renew` every `interval` seconds in a daemon thread until `stop()`.
+
+    `renew` returns False when the lease is gone (expired, or taken over): renewal then stops and
+    `lost` becomes True. A `CoordinationError` from `renew` is logged and retried at the next tick,
+    since the lease may still be alive for a while.
+    """
+
+    def __init__(self, renew: Callable[[], bool], interval: float, description: str) -> None:
+        self._renew = renew
+        self._interval = interval
+        self._description = description
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{description}", daemon=True)
+        self.lost = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            try:
+                alive = self._renew()
+            except CoordinationError as exc:
+                logger.warning("could not renew the lease of %s, retrying: %s", self._description, exc)
+                continue
+            if not alive:
+                self.lost = True
+                logger.error(
+                    "the lease of %s expired while held: another node may have taken it", self._description
+                )
+                return

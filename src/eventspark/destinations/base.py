@@ -1,0 +1,185 @@
+"""The adapter contract every warehouse implements, and the data that crosses it.
+
+A load goes through the same roles everywhere:
+
+1. the driver reads the tables (`read_tables`) and patches one (`patch`) under the coordination lock;
+2. executors write rows into the warehouse's *stage* through a `StageWriter` that a picklable
+   `StageTarget` opens where they run (staging tables, staged files...), one `StagedChunk` per
+   batch of rows, each with its own column types;
+3. the driver moves every chunk of a destination/table pair into the target table in one
+   transaction (`commit`): cast to the target's types, upserted when the table has a primary key,
+   a load marker per source file recorded, the stage dropped. `loaded_files` reads those markers
+   back, so a crash between any two steps and a rerun leave every event in the table exactly once.
+
+Driver errors are translated here, at the boundary: `TransientError` (connection refused, reset,
+timeout: keep the data, retry later) or `TerminalError` (the data or the schema is wrong).
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from eventspark.destinations.dialect import Dialect
+from eventspark.steps.diff import Table, TablePatch
+from eventspark.steps.typing import DataType
+
+LOADS_TABLE = "_eventspark_loads"
+"""Per destination schema: one row per (destination, source file, table) committed."""
+STAGE_PREFIX = "_es_stage_"
+ORDER_COLUMN = "_es_seq"
+"""Stage column giving the order of rows, so that the last event of a key wins an upsert."""
+
+
+class DestinationError(Exception):
+    """A warehouse operation failed; the message says which and why."""
+
+
+class TransientError(DestinationError):
+    """The warehouse could not be reached or dropped the connection: retry the pair later."""
+
+
+class TerminalError(DestinationError):
+    """The warehouse refused the statement (bad value, bad type, permissions): retrying the same
+    data will fail the same way."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagedChunk:
+    """Rows an executor wrote to the stage: where (`ref`: a table or a file) and the stage type of
+    each column. TIMESTAMP columns are staged as RFC 3339 text and cast at commit."""
+
+    ref: str
+    columns: Mapping[str, DataType]
+    rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ref": self.ref, "columns": {c: t.name for c, t in self.columns.items()}, "rows": self.rows}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StagedChunk:
+        columns = {c: DataType[t] for c, t in data["columns"].items()}
+        return cls(str(data["ref"]), columns, int(data["rows"]))
+
+
+@dataclass(slots=True)
+class Load:
+    """Everything `commit` needs to move one destination/table pair from the stage to the target."""
+
+    dest_id: str
+    table: Table
+    """The target as it is after patching: column types decide the casts."""
+    chunks: list[StagedChunk]
+    files: list[str]
+    """Names of the rotated logs whose events are in the chunks (the load markers)."""
+    ordered: bool = False
+    """The chunks carry ORDER_COLUMN (set when the table has a primary key)."""
+
+
+class StageWriter(Protocol):
+    """Writes chunks of rows into the stage, on an executor."""
+
+    def write(self, columns: Mapping[str, DataType], rows: Sequence[Sequence[Any]]) -> StagedChunk:
+        """Stages `rows` (values in `columns` order, already in the stage types) as one chunk."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class StageTarget(Protocol):
+    """A picklable description of a stage; executors open writers from it."""
+
+    def open(self) -> StageWriter: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What the shared load code may rely on, beside the dialect's SQL conventions."""
+
+    upsert: bool = True
+    """Rows can be merged on a primary key (INSERT ... ON CONFLICT or MERGE)."""
+    stage_in_warehouse: bool = True
+    """Executors write chunks straight into the warehouse (else into files the driver loads)."""
+
+
+class DestinationAdapter(ABC):
+    """One warehouse, driven from the Spark driver or a stream worker. Constructors do no I/O."""
+
+    dialect: Dialect
+    capabilities: Capabilities = Capabilities()
+
+    @abstractmethod
+    def read_tables(self) -> dict[str, Table]:
+        """Every table of the destination's schema (stage and marker tables excluded)."""
+
+    @abstractmethod
+    def read_table(self, name: str) -> Table | None:
+        """One table, or None when it does not exist."""
+
+    @abstractmethod
+    def patch(self, patch: TablePatch) -> None:
+        """Creates the table or adds its missing columns and primary key (never drops or retypes)."""
+
+    @abstractmethod
+    def stage_target(self, job_id: str) -> StageTarget:
+        """Where the executors of job `job_id` stage rows."""
+
+    @abstractmethod
+    def commit(self, load: Load) -> None:
+        """Moves the chunks into the target in one transaction, with the load markers."""
+
+    @abstractmethod
+    def loaded_files(self, dest_id: str, files: Iterable[str]) -> set[tuple[str, str]]:
+        """(file, table) pairs of `files` already committed for `dest_id`."""
+
+    @abstractmethod
+    def drop_stages(self, job_id: str) -> None:
+        """Removes what the executors of `job_id` staged and `commit` did not consume."""
+
+    @abstractmethod
+    def insert(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Inserts (upserts with a primary key) rows directly: the stream mode's path."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def data_type_of(self, sql_type: str) -> DataType | None:
+        """The DataType whose values a column of `sql_type` takes; None for types eventspark does not
+        check (json, uuid...), whose values the warehouse casts at commit."""
+        return data_type_of_sql(sql_type)
+
+
+# Column type → DataType by the type's first word(s); data, so new warehouses only add names.
+_SQL_TYPE_FAMILIES: dict[str, DataType] = {
+    **dict.fromkeys(["boolean", "bool", "uint8"], DataType.BOOL),
+    **dict.fromkeys(
+        ["bigint", "int8", "integer", "int", "int4", "smallint", "int2", "tinyint", "hugeint", "int64"],
+        DataType.INT64,
+    ),
+    **dict.fromkeys(
+        ["numeric", "decimal", "double", "double precision", "real", "float", "float4", "float8", "float64"],
+        DataType.FLOAT64,
+    ),
+    **dict.fromkeys(
+        ["timestamp", "timestamptz", "timestamp with time zone", "timestamp without time zone", "datetime"],
+        DataType.TIMESTAMP,
+    ),
+    **dict.fromkeys(
+        ["text", "varchar", "character varying", "char", "character", "string", "bpchar"], DataType.STRING
+    ),
+}
+_TYPE_NAME = re.compile(r"^\s*([a-z][a-z0-9 ]*?)\s*(?:\(.*\))?\s*(with(?:out)? time zone)?\s*$")
+
+
+def data_type_of_sql(sql_type: str) -> DataType | None:
+    """`bigint` → INT64, `numeric(38,18)` → FLOAT64, `character varying(256)` → STRING, `jsonb` → None."""
+    match = _TYPE_NAME.match(sql_type.lower())
+    if match is None:
+        return None
+    name = match.group(1).strip()
+    if match.group(3):
+        name = f"{name} {match.group(3)}"
+    return _SQL_TYPE_FAMILIES.get(name)

@@ -1,0 +1,1 @@
+"""ClickHouse destination."""

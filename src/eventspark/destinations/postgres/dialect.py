@@ -1,0 +1,18 @@
+"""PostgreSQL SQL conventions: types as in EventNative's table, ``"`` quoting, 63-byte names."""
+
+from eventspark.destinations.dialect import Dialect
+from eventspark.steps.typing import DataType
+
+DIALECT = Dialect(
+    name="postgres",
+    types={
+        DataType.BOOL: "boolean",
+        DataType.INT64: "bigint",
+        DataType.FLOAT64: "numeric(38,18)",
+        DataType.STRING: "text",
+        DataType.TIMESTAMP: "timestamp",
+    },
+    max_identifier_length=63,  # NAMEDATALEN - 1; longer names are truncated silently by the server
+    supports_ddl_transactions=True,
+    supports_add_column_if_not_exists=True,  # since 9.6
+)

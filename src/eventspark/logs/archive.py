@@ -1,0 +1,32 @@
+"""Archiving processed logs: `archive/YYYY-MM-DD/<rotated log>.gz`, then the log and its status go."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+from eventspark.logs.status import status_path
+
+COPY_CHUNK = 1024 * 1024
+
+
+def archive_log(log: Path, archive_dir: Path, now: datetime | None = None) -> Path:
+    """Gzips `log` into the day folder of `now` (UTC) and removes the log and its status file.
+
+    The archive is written under a temporary name and renamed, so a crash never leaves a
+    truncated `.gz` that looks complete; the log is deleted only after the rename.
+    """
+    day = (now or datetime.now(UTC)).strftime("%Y-%m-%d")
+    folder = archive_dir / day
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / (log.name + ".gz")
+    tmp = folder / (log.name + ".gz.tmp")
+    with log.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst, COPY_CHUNK)
+    os.replace(tmp, target)
+    log.unlink()
+    status_path(log).unlink(missing_ok=True)
+    return target

@@ -1,0 +1,122 @@
+"""The step chain: every pipeline step, in order, for one event and one destination.
+
+template → lookup enrichment → mapping → flatten → typing. The collector's dry-run, the stream
+workers and the Spark executors all call `DestinationChain.process`; `HeaderBuilder` merges the
+types of many rows into one BatchHeader per table (per Spark partition, per stream micro-batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from eventspark.steps.flatten import flatten
+from eventspark.steps.lookup import GeoResolver, LookupEnricher, UserAgentParser
+from eventspark.steps.mapping import Mapper
+from eventspark.steps.template import TableNameTemplate, TemplateEvalError, compile_template
+from eventspark.steps.typing import BatchHeader, field_for, infer_type, promote
+
+
+@dataclass(slots=True)
+class Row:
+    """A flattened event ready for `table`; `casts` are the mapping's explicit column types."""
+
+    table: str
+    values: dict[str, Any]
+    casts: Mapping[str, str]
+
+
+@dataclass(slots=True)
+class Failure:
+    """The event cannot go to this destination; it goes to `events/failed` with `error`."""
+
+    error: str
+
+
+SKIP = None
+"""`process` returns None when the table name template renders empty: the event is skipped."""
+
+ChainResult = Row | Failure | None
+
+
+class _LayoutConfig(Protocol):
+    table_name_template: str
+
+
+class DestinationChain:
+    """The steps configured for one destination, built once and applied per event."""
+
+    __slots__ = ("destination_id", "lookup", "mapper", "template")
+
+    def __init__(
+        self, destination_id: str, template: TableNameTemplate, lookup: LookupEnricher, mapper: Mapper
+    ) -> None:
+        self.destination_id = destination_id
+        self.template = template
+        self.lookup = lookup
+        self.mapper = mapper
+
+    @classmethod
+    def build(
+        cls, destination_id: str, destination: Any, geo: GeoResolver | None, ua: UserAgentParser | None
+    ) -> DestinationChain:
+        """`destination` is a destination config (`config.models.DestinationBase`)."""
+        layout = destination.data_layout
+        rules = [(rule.name, rule.from_, rule.to) for rule in destination.enrichment]
+        mappings = layout.mappings
+        if mappings is None:
+            mapper = Mapper.build()
+        else:
+            mapper = Mapper.build(mappings.keep_unmapped, [f.model_dump(exclude_none=True) for f in mappings.fields])
+        template = compile_template(layout.table_name_template)
+        return cls(destination_id, template, LookupEnricher(rules, geo, ua), mapper)
+
+    def process(self, event: dict[str, Any]) -> ChainResult:
+        """Runs the chain on `event`, which it may change: give each destination its own copy."""
+        try:
+            table = self.template.render(event)
+        except TemplateEvalError as exc:
+            return Failure(f"table_name_template: {exc}")
+        if not table:
+            return SKIP
+        self.lookup.apply(event)
+        mapped, casts = self.mapper.apply(event)
+        return Row(table, flatten(mapped), casts)
+
+
+class HeaderBuilder:
+    """Accumulates the BatchHeader of each table from rows, promoting types as they meet."""
+
+    __slots__ = ("_fixed", "headers")
+
+    def __init__(self) -> None:
+        self.headers: dict[str, BatchHeader] = {}
+        # Per table, the columns whose type is decided by a cast or by name, not by their values.
+        self._fixed: dict[str, set[str]] = {}
+
+    def add(self, row: Row) -> None:
+        header = self.headers.get(row.table)
+        if header is None:
+            header = self.headers[row.table] = BatchHeader(row.table)
+            self._fixed[row.table] = set()
+        fields, fixed, casts = header.fields, self._fixed[row.table], row.casts
+        for name, value in row.values.items():
+            current = fields.get(name)
+            if current is None:
+                fields[name], is_fixed = field_for(name, value, casts)
+                if is_fixed:
+                    fixed.add(name)
+            elif name not in fixed:
+                found = infer_type(value)
+                if found is not current.type:
+                    current.type = promote(current.type, found)
+
+    def merge(self, other: HeaderBuilder) -> None:
+        for table, header in other.headers.items():
+            mine = self.headers.get(table)
+            if mine is None:
+                self.headers[table] = header
+                self._fixed[table] = other._fixed[table]
+            else:
+                mine.merge(header)

@@ -1,0 +1,164 @@
+"""ContextEnrichment: what the collector adds to an event when it receives it.
+
+Rules, derived from the design document and every EventNative test vector in
+`shared/testdata/eventnative/`:
+
+* ``source_ip`` (see :func:`client_ip`), ``_timestamp`` (receive time, UTC) and ``api_key``
+  (the token used) are always set, replacing whatever the body held.
+* An event is *nested* (EventNative 1.x format) when ``eventn_ctx`` is an object, otherwise
+  *flat* (JS SDK 2.x, mobile SDKs, most server-to-server senders).
+* JS endpoint: the ``User-Agent`` header goes to ``eventn_ctx.user_agent`` for nested events
+  and to top-level ``user_agent`` for flat ones, replacing the SDK's copy (an absent or empty
+  header changes nothing). ``src`` is left as sent.
+* s2s endpoint: ``src`` becomes ``"api"`` (always, as EventNative did); the body's
+  ``user_agent`` is left alone.
+* Event id, nested events: a non-empty ``eventn_ctx.event_id`` is kept, else a UUID is set
+  there. Flat events: a non-empty top-level ``eventn_ctx_event_id`` is kept; otherwise the
+  SDK's ``event_id`` is moved there (an empty one is dropped and a UUID generated). Integer
+  ids become strings; ids of any other type are replaced by a UUID.
+
+The mobile vectors (``mobile_*``) carry ``api_key`` ``c2stoken`` and the header user agent at
+top level while keeping ``src: "jitsu_ios"``: they are flat events posted to the JS endpoint
+with the client token, which the rules above reproduce without a special case.
+
+:func:`enrich_context` mutates the freshly parsed event in place (no copy: it runs on every
+request); callers that need the original must copy it first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = ["client_ip", "enrich_context", "format_timestamp", "merge_template", "new_event_id"]
+
+_EVENTN_CTX = "eventn_ctx"
+_FLAT_ID_KEY = "eventn_ctx_event_id"
+
+
+def new_event_id() -> str:
+    """A random (version 4) UUID in canonical text form: the default event id generator.
+
+    Same format and randomness source as ``str(uuid.uuid4())`` at half the cost; the
+    variant nibble is ``8``-``b`` as RFC 4122 requires.
+    """
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
+
+
+def format_timestamp(dt: datetime) -> str:
+    """``2006-01-02T15:04:05.000000Z`` in UTC; a naive ``dt`` is taken to be UTC already."""
+    if dt.tzinfo is not None and dt.tzinfo is not UTC:
+        dt = dt.astimezone(UTC)
+    # %-formatting beats strftime and isoformat here, and this runs for every event.
+    return "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (  # noqa: UP031
+        dt.year,
+        dt.month,
+        dt.day,
+        dt.hour,
+        dt.minute,
+        dt.second,
+        dt.microsecond,
+    )
+
+
+def client_ip(headers: Mapping[str, str], peer: str | None) -> str:
+    """The client address: ``X-Real-IP``, else the first ``X-Forwarded-For`` entry, else ``peer``.
+
+    ``headers`` may be case-insensitive (Starlette) or a plain dict with lower-case (ASGI) or
+    canonical names. ``peer`` is the bare peer host, without a port. A header value that is a
+    comma list (nginx appending ``remote_addr``) yields its first entry, as in EventNative.
+    Returns ``""`` when nothing is known.
+    """
+    for name, canonical in (("x-real-ip", "X-Real-IP"), ("x-forwarded-for", "X-Forwarded-For")):
+        value = headers.get(name) or headers.get(canonical)
+        if value:
+            first = value.split(",", 1)[0].strip()
+            if first:
+                return first
+    return peer or ""
+
+
+def enrich_context(
+    event: dict[str, Any],
+    *,
+    token: str,
+    source_ip: str,
+    user_agent: str | None,
+    server_side: bool,
+    now: datetime | None = None,
+    new_id: Callable[[], str] = new_event_id,
+) -> dict[str, Any]:
+    """Apply ContextEnrichment to ``event`` in place and return it (rules: module docstring).
+
+    ``server_side`` is True for the s2s endpoint, False for the JS endpoints; ``now`` defaults
+    to the current time and ``new_id`` to a random UUID, both injectable for tests.
+    """
+    event["source_ip"] = source_ip
+    event["_timestamp"] = format_timestamp(now if now is not None else datetime.now(UTC))
+    event["api_key"] = token
+    ctx = event.get(_EVENTN_CTX)
+    nested = isinstance(ctx, dict)
+    if server_side:
+        event["src"] = "api"
+    elif user_agent:
+        (ctx if nested else event)["user_agent"] = user_agent
+    if nested:
+        _ensure_nested_id(ctx, new_id)
+    else:
+        _ensure_flat_id(event, new_id)
+    return event
+
+
+def _usable_id(value: Any) -> str | None:
+    if value.__class__ is str:
+        return value or None
+    if value.__class__ is int:
+        return str(value)
+    return None
+
+
+def _ensure_nested_id(ctx: dict[str, Any], new_id: Callable[[], str]) -> None:
+    ctx["event_id"] = _usable_id(ctx.get("event_id")) or new_id()
+
+
+def _ensure_flat_id(event: dict[str, Any], new_id: Callable[[], str]) -> None:
+    existing = _usable_id(event.get(_FLAT_ID_KEY))
+    if existing is not None:
+        event[_FLAT_ID_KEY] = existing
+        return
+    event[_FLAT_ID_KEY] = _usable_id(event.pop("event_id", None)) or new_id()
+
+
+def merge_template(template: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
+    """Fill ``event`` with the template's top-level keys it lacks; mutates and returns ``event``.
+
+    For ``{"template": {...}, "events": [...]}`` bodies. The event wins on a shared key and the
+    merge is shallow (a template object never merges into the event's object of the same
+    name); the recorded vectors share no key, so neither choice is pinned by them (EventNative
+    itself let the template win). Template objects and arrays are copied for every event, so
+    later in-place steps on one event never show in another.
+    """
+    for key, value in template.items():
+        if key not in event:
+            event[key] = _copy_json(value)
+    return event
+
+
+def _copy_json(value: Any) -> Any:
+    """Deep copy of a parsed JSON value, iterative so hostile nesting depth cannot overflow."""
+    if not isinstance(value, dict | list):
+        return value
+    root = value.copy()
+    pending: list[dict[Any, Any] | list[Any]] = [root]
+    while pending:
+        node = pending.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            if isinstance(child, dict | list):
+                # Replacing a value under an existing key does not resize the dict being iterated.
+                node[key] = copied = child.copy()
+                pending.append(copied)
+    return root

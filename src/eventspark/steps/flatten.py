@@ -1,0 +1,193 @@
+"""Flattening step: a nested event becomes one flat row of safe column names.
+
+Nested keys are joined with ``_`` (``{"a": {"b": 1}}`` → ``a_b``), arrays become compact JSON
+strings, and nulls and empty objects give no column.
+
+Names. EventNative lower-cased each key and replaced ``( ) $ [ ] { } @ ! # % & , . ; : ^ -`` and
+whitespace with ``_``. Keys come from the internet, so eventspark goes further and every name
+matches ``^[a-z0-9_]{1,63}$``, which is a valid identifier in every supported warehouse once quoted:
+
+* Any character outside ``[a-z0-9_]`` (after lower-casing) becomes ``_``. That covers the list
+  above and also quotes, backslashes, NUL and the like.
+* Non-ASCII keys: warehouses disagree on non-ASCII identifiers (and Postgres counts its 63 limit
+  in bytes), so their characters become ``_`` too. Whole words in non-Latin scripts would then
+  collapse into the same run of underscores ("имя" and "дом" both give ``___``), so a key with
+  any non-ASCII character also gets ``_`` plus 8 hex digits of a hash of the original key:
+  distinct keys stay distinct columns, and the same key always gives the same column.
+* An empty key becomes ``_``.
+* Names longer than 63 characters (Postgres' limit; MySQL allows 64) keep their first 54
+  characters plus ``_`` and 8 hex digits of a hash of the full name. Postgres would otherwise
+  truncate silently, so two long names sharing a prefix would become one column there.
+
+Collisions. Different keys can give one name (``{"a b": 1, "a_b": 2}``, ``{"a": {"b": 1},
+"a_b": 2}``). Exactly one value is kept, chosen independently of key order so that every event
+maps the same way: a key path that needed no sanitising beats one that did, and among equals the
+path that sorts first (comparing original keys level by level) wins. ``flatten_with_losses``
+reports the paths of dropped values.
+
+Depth. The collector limits nesting to 64; deeper objects are kept whole as a JSON string.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+import orjson
+
+MAX_NAME_LENGTH = 63
+MAX_DEPTH = 64
+_HASH_HEX_DIGITS = 8
+_CACHE_LIMIT = 65536
+
+_SAFE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+# str.translate table for ASCII keys: every unsafe ASCII character maps to "_".
+_ASCII_TO_SAFE = {code: "_" for code in range(128) if chr(code) not in _SAFE_CHARS}
+
+# Sanitising is pure, and the same few hundred keys repeat in every event: cache it. Bounded
+# because keys are untrusted; clearing when full is cheap and keeps the common keys hot.
+_sanitized_keys: dict[object, str] = {}
+
+
+def _short_hash(text: str) -> str:
+    # blake2b rather than hash(): column names must be stable across processes and restarts.
+    data = text.encode("utf-8", "surrogatepass")  # lone surrogates can arrive via JSON \u escapes
+    return hashlib.blake2b(data, digest_size=_HASH_HEX_DIGITS // 2).hexdigest()
+
+
+def _sanitize_key_uncached(key: object) -> str:
+    text = key if isinstance(key, str) else str(key)
+    if not text:
+        return "_"
+    lowered = text.lower()
+    if text.isascii():
+        return lowered.translate(_ASCII_TO_SAFE)
+    safe = "".join(char if char in _SAFE_CHARS else "_" for char in lowered)
+    return f"{safe}_{_short_hash(text)}"
+
+
+def _sanitize_key(key: object) -> str:
+    """One key as a name segment; not length-bounded (the joined name is bounded)."""
+    name = _sanitized_keys.get(key)
+    if name is None:
+        name = _sanitize_key_uncached(key)
+        if len(_sanitized_keys) >= _CACHE_LIMIT:
+            _sanitized_keys.clear()
+        _sanitized_keys[key] = name
+    return name
+
+
+def _bound(name: str) -> str:
+    if len(name) <= MAX_NAME_LENGTH:
+        return name
+    keep = MAX_NAME_LENGTH - _HASH_HEX_DIGITS - 1
+    return f"{name[:keep]}_{_short_hash(name)}"
+
+
+def sanitize_name(name: str) -> str:
+    """A single key as a safe column name: ``^[a-z0-9_]{1,63}$`` (rules in the module docstring)."""
+    return _bound(_sanitize_key(name))
+
+
+def column_name(path: Sequence[str]) -> str:
+    """The column that flattening gives a value at ``path`` (``("a", "b")`` → ``a_b``).
+
+    Mapping uses it to key explicit casts by the names the rows will have.
+    """
+    return _bound("_".join(_sanitize_key(key) for key in path)) if path else "_"
+
+
+def to_json(value: object) -> str:
+    """A compact JSON string for an array (or an object nested too deeply)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:  # orjson refuses ints beyond 64 bits, unknown types and deep nesting
+        pass
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    except (RecursionError, ValueError) as exc:
+        raise ValueError("array or object is nested too deeply to store as JSON") from exc
+
+
+def _flatten_into(obj: dict, prefix: str, out: dict[str, object], depth: int) -> bool:
+    """Add obj's leaves to ``out``; False as soon as two leaves share a name."""
+    for key, value in obj.items():
+        name = _sanitized_keys.get(key)
+        if name is None:
+            name = _sanitize_key(key)
+        name = prefix + name
+        if isinstance(value, dict):
+            if not value:
+                continue
+            if depth < MAX_DEPTH:
+                if not _flatten_into(value, name + "_", out, depth + 1):
+                    return False
+                continue
+            value = to_json(value)
+        elif value is None:
+            continue
+        elif isinstance(value, list | tuple):
+            value = to_json(value)
+        if len(name) > MAX_NAME_LENGTH:
+            name = _bound(name)
+        if name in out:
+            return False
+        out[name] = value
+    return True
+
+
+def flatten(event: dict) -> dict[str, object]:
+    """The flat row of ``event``: safe, unique column names → scalar values (module docstring)."""
+    out: dict[str, object] = {}
+    if _flatten_into(event, "", out, 1):
+        return out
+    return flatten_with_losses(event)[0]
+
+
+def flatten_with_losses(event: dict) -> tuple[dict[str, object], list[str]]:
+    """Like ``flatten``, plus the JSON Pointer paths of values dropped because their names collided."""
+    leaves: list[tuple[str, bool, tuple[str, ...], object]] = []
+    _collect_leaves(event, (), "", False, leaves, 1)
+    winners: dict[str, int] = {}  # name → index of the leaf that keeps it
+    for index, (name, changed, path, _) in enumerate(leaves):
+        held = winners.get(name)
+        if held is None or (changed, path) < leaves[held][1:3]:
+            winners[name] = index
+    lost = [_pointer(leaf[2]) for index, leaf in enumerate(leaves) if winners[leaf[0]] != index]
+    return {name: leaves[index][3] for name, index in winners.items()}, lost
+
+
+def _collect_leaves(
+    obj: dict,
+    path: tuple[str, ...],
+    prefix: str,
+    changed: bool,
+    leaves: list[tuple[str, bool, tuple[str, ...], object]],
+    depth: int,
+) -> None:
+    """Every leaf with its name, whether any key on its path was altered, and its original path."""
+    for key, value in obj.items():
+        text = key if isinstance(key, str) else str(key)
+        segment = _sanitize_key(key)
+        name = prefix + segment
+        here = (*path, text)
+        altered = changed or segment != text
+        if isinstance(value, dict):
+            if not value:
+                continue
+            if depth < MAX_DEPTH:
+                _collect_leaves(value, here, name + "_", altered, leaves, depth + 1)
+                continue
+            value = to_json(value)
+        elif value is None:
+            continue
+        elif isinstance(value, list | tuple):
+            value = to_json(value)
+        bounded = _bound(name)
+        leaves.append((bounded, altered or bounded != name, here, value))
+
+
+def _pointer(path: tuple[str, ...]) -> str:
+    # RFC 6901 escaping, so a key containing "/" cannot be mistaken for two levels.
+    return "".join("/" + key.replace("~", "~0").replace("/", "~1") for key in path)

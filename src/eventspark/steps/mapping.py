@@ -1,0 +1,224 @@
+"""Mapping step: the ``data_layout.mappings`` rules of a destination, applied to each event.
+
+Rules run in order. Each reads its ``src`` from the event as it arrived (so one src can be
+moved to several dsts) and writes into the mapped event:
+
+* ``move``: put the src subtree at dst and remove it from src; an optional ``type`` casts dst.
+* ``remove``: drop the src subtree.
+* ``cast``: record an explicit type for the src column (``type`` required): a literal SQL type
+  of the destination, or a generic one of ``string integer double timestamp boolean``.
+* ``constant``: put ``value`` at dst.
+
+With ``keep_unmapped: false`` the mapped event starts empty and holds only what move and
+constant wrote and the fields that cast rules name.
+
+Implicit casts (``pipeline-design.md``): ``/_timestamp`` is TIMESTAMP for every event, and
+``/eventn_ctx/utc_time`` for JavaScript events (``src`` other than ``api``); configured rules
+for the same column win.
+
+The input event is never changed: it may be shared by several destinations. Writes copy only
+the objects on the written path (copy on write); the result shares every other subtree with
+the input, so treat both as read-only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from eventspark.steps.flatten import column_name
+from eventspark.steps.paths import MISSING, Path, get_path, parse_path
+
+ACTIONS = ("move", "remove", "cast", "constant")
+_RULE_KEYS = frozenset({"src", "dst", "action", "type", "value"})
+_IMPLICIT_CASTS = {"_timestamp": "TIMESTAMP"}
+_IMPLICIT_JS_CASTS = {"_timestamp": "TIMESTAMP", "eventn_ctx_utc_time": "TIMESTAMP"}
+
+# A type is pasted into DDL, so only type-like text is accepted: no statement separators,
+# comments, or identifier quotes. Single quotes and '=' allow e.g. Enum8('a' = 1), DateTime64(3, 'UTC').
+_SQL_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_ ,.()'=-]{0,199}", re.ASCII)
+
+
+class MappingError(ValueError):
+    """A mapping rule that cannot work; the message names the rule (``mappings.fields[i]``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One validated mapping rule with its paths parsed."""
+
+    action: str
+    src: Path = ()
+    dst: Path = ()
+    sql_type: str | None = None
+    value: Any = None
+
+
+class Mapper:
+    """Applies one destination's mapping rules; build it once with ``Mapper.build``."""
+
+    __slots__ = ("_casts_api", "_casts_js", "_identity", "keep_unmapped", "rules")
+
+    def __init__(self, keep_unmapped: bool, rules: Sequence[Rule]) -> None:
+        self.keep_unmapped = keep_unmapped
+        self.rules = tuple(rules)
+        configured = _configured_casts(self.rules)
+        self._casts_api = {**_IMPLICIT_CASTS, **configured}
+        self._casts_js = {**_IMPLICIT_JS_CASTS, **configured}
+        self._identity = keep_unmapped and not self.rules
+
+    @classmethod
+    def build(cls, keep_unmapped: bool = True, fields: Sequence[Mapping[str, Any]] = ()) -> Mapper:
+        """Validate the YAML ``mappings`` section; MappingError names the first bad rule."""
+        if not isinstance(keep_unmapped, bool):
+            raise MappingError(f"mappings.keep_unmapped must be true or false, not {keep_unmapped!r}")
+        if isinstance(fields, str | bytes) or not isinstance(fields, Sequence):
+            raise MappingError("mappings.fields must be a list of rules")
+        return cls(keep_unmapped, [_parse_rule(index, raw) for index, raw in enumerate(fields)])
+
+    def apply(self, event: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """The mapped event and the explicit column types, keyed by flattened column name.
+
+        The returned types dict is shared between calls: do not change it.
+        """
+        casts = self._casts_api if event.get("src") == "api" else self._casts_js
+        if self._identity:  # no rules: nothing to copy or change
+            return event, casts
+        output: dict[str, Any] = dict(event) if self.keep_unmapped else {}
+        owned = {id(output)}
+        for rule in self.rules:
+            _apply_rule(rule, event, output, owned, self.keep_unmapped)
+        return output, casts
+
+
+def _apply_rule(rule: Rule, event: dict, output: dict, owned: set[int], keep_unmapped: bool) -> None:
+    action = rule.action
+    if action == "move":
+        value = get_path(event, rule.src, MISSING)
+        if value is MISSING:
+            return
+        if keep_unmapped:
+            _pop_owned(output, rule.src, owned)
+        _set_owned(output, rule.dst, value, owned)
+    elif action == "remove":
+        _pop_owned(output, rule.src, owned)
+    elif action == "constant":
+        _set_owned(output, rule.dst, rule.value, owned)
+    elif not keep_unmapped:  # cast: a named field is a mapped field
+        value = get_path(event, rule.src, MISSING)
+        if value is not MISSING:
+            _set_owned(output, rule.src, value, owned)
+
+
+def _owned_parent(root: dict, keys: Path, owned: set[int], create: bool) -> dict | None:
+    """The parent object of ``keys`` after copying every shared object on the way into ``owned``.
+
+    Like ``paths.set_path``, a parent holding a non-object value is never replaced: None.
+    """
+    node = root
+    for key in keys[:-1]:
+        child = node.get(key)
+        if isinstance(child, dict):
+            if id(child) not in owned:
+                child = node[key] = dict(child)
+                owned.add(id(child))
+        elif child is None and create:
+            child = node[key] = {}
+            owned.add(id(child))
+        else:
+            return None
+        node = child
+    return node
+
+
+def _set_owned(root: dict, keys: Path, value: Any, owned: set[int]) -> None:
+    parent = _owned_parent(root, keys, owned, create=True)
+    if parent is not None:
+        parent[keys[-1]] = value
+
+
+def _pop_owned(root: dict, keys: Path, owned: set[int]) -> None:
+    if get_path(root, keys, MISSING) is MISSING:  # nothing to remove: copy nothing
+        return
+    parent = _owned_parent(root, keys, owned, create=False)
+    if parent is not None:
+        parent.pop(keys[-1], None)
+
+
+def _configured_casts(rules: Sequence[Rule]) -> dict[str, str]:
+    casts: dict[str, str] = {}
+    for rule in rules:
+        if rule.sql_type is None:
+            continue
+        if rule.action == "cast":
+            casts[column_name(rule.src)] = rule.sql_type
+        elif rule.action == "move":
+            casts[column_name(rule.dst)] = rule.sql_type
+    return casts
+
+
+def _parse_rule(index: int, raw: object) -> Rule:
+    where = f"mappings.fields[{index}]"
+    if not isinstance(raw, Mapping):
+        raise MappingError(f"{where}: a rule must be an object with src, dst, action, type, value")
+    unknown = sorted(str(key) for key in raw if key not in _RULE_KEYS)
+    if unknown:
+        raise MappingError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    action = raw.get("action")
+    action = action.strip().lower() if isinstance(action, str) else action
+    if action not in ACTIONS:
+        raise MappingError(f"{where}: action must be one of {', '.join(ACTIONS)}, not {action!r}")
+    sql_type = _parse_type(where, raw.get("type"))
+    if action == "move":
+        return Rule(action, _path(where, raw, "src"), _path(where, raw, "dst"), sql_type)
+    if action == "remove":
+        return Rule(action, src=_path(where, raw, "src"))
+    if action == "cast":
+        if sql_type is None:
+            raise MappingError(f"{where}: cast needs a type")
+        key = "src" if raw.get("src") is not None or raw.get("dst") is None else "dst"
+        return Rule(action, src=_path(where, raw, key), sql_type=sql_type)
+    if "value" not in raw:
+        raise MappingError(f"{where}: constant needs a value")
+    return Rule(action, dst=_path(where, raw, "dst"), value=_json_value(where, raw["value"]))
+
+
+def _path(where: str, raw: Mapping[str, Any], key: str) -> Path:
+    text = raw.get(key)
+    if text is None:
+        raise MappingError(f"{where}: {raw['action']} needs {key}")
+    if not isinstance(text, str):
+        raise MappingError(f"{where}: {key} must be a path like /a/b, not {text!r}")
+    path = parse_path(text)
+    if not path:
+        raise MappingError(f"{where}: {key} {text!r} names the whole event; name a field like /a/b")
+    if "" in path:
+        raise MappingError(f"{where}: {key} {text!r} has an empty key")
+    return path
+
+
+def _parse_type(where: str, sql_type: object) -> str | None:
+    if sql_type is None:
+        return None
+    if not isinstance(sql_type, str) or not sql_type.strip():
+        raise MappingError(f"{where}: type must be a non-empty SQL type name")
+    sql_type = sql_type.strip()
+    balanced = sql_type.count("(") == sql_type.count(")") and sql_type.count("'") % 2 == 0
+    if not _SQL_TYPE.fullmatch(sql_type) or "--" in sql_type or not balanced:
+        raise MappingError(f"{where}: type {sql_type!r} does not look like an SQL type")
+    return sql_type
+
+
+def _json_value(where: str, value: object) -> Any:
+    # YAML gives dates and datetimes where JSON would have strings: store what JSON would,
+    # RFC 3339 in UTC for datetimes, so typing and serialising treat constants like event data.
+    options = orjson.OPT_NON_STR_KEYS | orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z
+    try:
+        encoded = orjson.dumps(value, option=options)
+    except TypeError as exc:
+        raise MappingError(f"{where}: value is not JSON data ({exc})") from exc
+    return orjson.loads(encoded)

@@ -1,0 +1,203 @@
+import json
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventspark.steps.context import client_ip, enrich_context, format_timestamp, merge_template
+
+VECTORS = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
+NOW = datetime(2020, 6, 16, 23, 0, 0, tzinfo=UTC)
+JS = {"token": "c2stoken", "server_side": False}
+S2S = {"token": "s2stoken", "server_side": True}
+
+
+def load(name: str) -> Any:
+    return json.loads((VECTORS / name).read_text())
+
+
+def enrich(event: dict[str, Any], endpoint: dict[str, Any]) -> dict[str, Any]:
+    """The enrichment the README of the vectors describes (fixed clock and id)."""
+    return enrich_context(
+        event,
+        source_ip="95.82.232.185",
+        user_agent="Go-http-client/1.1",
+        now=NOW,
+        new_id=lambda: "mockeduuid",
+        **endpoint,
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "expected", "endpoint"),
+    [
+        ("event_input_1.0.json", "fact_output_1.0.json", JS),
+        ("event_input_2.0.json", "fact_output_2.0.json", JS),
+        ("api_event_input_1.0.json", "api_fact_output_1.0.json", S2S),
+        ("api_event_input_2.0.json", "api_fact_output_2.0.json", S2S),
+        ("mobile_event_input.json", "mobile_fact_output.json", JS),
+    ],
+)
+def test_eventnative_vectors(source: str, expected: str, endpoint: dict[str, Any]) -> None:
+    assert enrich(load(source), endpoint) == load(expected)
+
+
+def test_eventnative_array_vector() -> None:
+    enriched = [enrich(event, JS) for event in load("mobile_events_array_input.json")]
+    assert enriched == load("mobile_facts_array_output.json")
+
+
+def test_eventnative_template_vector() -> None:
+    body = load("mobile_events_template_input.json")
+    enriched = [enrich(merge_template(body["template"], event), JS) for event in body["events"]]
+    assert enriched == load("mobile_facts_template_output.json")
+
+
+def test_format_timestamp() -> None:
+    assert format_timestamp(NOW) == "2020-06-16T23:00:00.000000Z"
+    moscow = timezone(timedelta(hours=3))
+    assert (
+        format_timestamp(datetime(2021, 1, 1, 2, 30, 5, 42, tzinfo=moscow)) == "2020-12-31T23:30:05.000042Z"
+    )
+    assert format_timestamp(datetime(2021, 1, 1, 2, 30, 5)) == "2021-01-01T02:30:05.000000Z"
+
+
+@pytest.mark.parametrize(
+    ("headers", "peer", "expected"),
+    [
+        ({"x-real-ip": "1.1.1.1", "x-forwarded-for": "2.2.2.2"}, "3.3.3.3", "1.1.1.1"),
+        ({"x-forwarded-for": "2.2.2.2, 10.0.0.1"}, "3.3.3.3", "2.2.2.2"),
+        ({"X-Forwarded-For": " 2.2.2.2 ,10.0.0.1"}, None, "2.2.2.2"),
+        ({"X-Real-IP": "1.1.1.1"}, None, "1.1.1.1"),
+        ({"x-real-ip": "", "x-forwarded-for": ""}, "3.3.3.3", "3.3.3.3"),
+        ({"x-forwarded-for": ", "}, "::1", "::1"),
+        ({}, None, ""),
+    ],
+)
+def test_client_ip(headers: dict[str, str], peer: str | None, expected: str) -> None:
+    assert client_ip(headers, peer) == expected
+
+
+def test_defaults_generate_uuid_and_current_time() -> None:
+    before = datetime.now(UTC)
+    event = enrich_context({}, token="t", source_ip="", user_agent=None, server_side=True)
+    after = datetime.now(UTC)
+    generated = uuid.UUID(event["eventn_ctx_event_id"])
+    assert (generated.version, generated.variant) == (4, uuid.RFC_4122)
+    assert str(generated) == event["eventn_ctx_event_id"]
+    stamp = datetime.strptime(event["_timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    assert before <= stamp <= after
+
+
+def test_ids_are_unique_per_event() -> None:
+    ids = {
+        enrich_context({}, token="t", source_ip="", user_agent=None, server_side=True)["eventn_ctx_event_id"]
+        for _ in range(100)
+    }
+    assert len(ids) == 100
+
+
+def test_s2s_sets_src_api_and_keeps_body_user_agent() -> None:
+    event = enrich({"src": "jitsu", "user_agent": "mine", "api_key": "forged"}, S2S)
+    assert (event["src"], event["user_agent"], event["api_key"]) == ("api", "mine", "s2stoken")
+
+
+@pytest.mark.parametrize("header", [None, ""])
+def test_js_without_user_agent_header_keeps_body_value(header: str | None) -> None:
+    flat = enrich_context(
+        {"user_agent": "sdk"}, token="t", source_ip="", user_agent=header, server_side=False
+    )
+    nested = enrich_context(
+        {"eventn_ctx": {"user_agent": "sdk"}}, token="t", source_ip="", user_agent=header, server_side=False
+    )
+    assert flat["user_agent"] == "sdk"
+    assert nested["eventn_ctx"]["user_agent"] == "sdk"
+
+
+def test_js_header_user_agent_goes_where_the_format_keeps_it() -> None:
+    flat = enrich({"user_agent": "sdk"}, JS)
+    nested = enrich({"eventn_ctx": {}}, JS)
+    assert flat["user_agent"] == "Go-http-client/1.1"
+    assert nested["eventn_ctx"]["user_agent"] == "Go-http-client/1.1"
+    assert "user_agent" not in nested
+
+
+@pytest.mark.parametrize(
+    ("ctx", "expected"),
+    [
+        ({}, "mockeduuid"),
+        ({"event_id": ""}, "mockeduuid"),
+        ({"event_id": None}, "mockeduuid"),
+        ({"event_id": {"x": 1}}, "mockeduuid"),
+        ({"event_id": 42}, "42"),
+        ({"event_id": "abc"}, "abc"),
+    ],
+)
+def test_nested_event_id(ctx: dict[str, Any], expected: str) -> None:
+    event = enrich({"eventn_ctx": ctx}, JS)
+    assert event["eventn_ctx"]["event_id"] == expected
+    assert "eventn_ctx_event_id" not in event
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"event_id": "sdk-id"}, {"eventn_ctx_event_id": "sdk-id"}),
+        ({"event_id": 7}, {"eventn_ctx_event_id": "7"}),
+        ({"event_id": True}, {"eventn_ctx_event_id": "mockeduuid"}),
+        (
+            {"eventn_ctx_event_id": "kept", "event_id": "other"},
+            {"eventn_ctx_event_id": "kept", "event_id": "other"},
+        ),
+        ({"eventn_ctx_event_id": "", "event_id": "sdk-id"}, {"eventn_ctx_event_id": "sdk-id"}),
+        (
+            {"eventn_ctx": "not an object", "event_id": "x"},
+            {"eventn_ctx": "not an object", "eventn_ctx_event_id": "x"},
+        ),
+    ],
+)
+def test_flat_event_id(body: dict[str, Any], expected: dict[str, Any]) -> None:
+    event = enrich(body, S2S)
+    for key in ("_timestamp", "api_key", "source_ip", "src"):
+        del event[key]
+    assert event == expected
+
+
+def test_enrichment_mutates_in_place() -> None:
+    event: dict[str, Any] = {"a": 1}
+    assert enrich(event, JS) is event
+
+
+def test_merge_template_event_wins_shallowly() -> None:
+    template = {"a": 1, "user": {"id": "t", "email": "t@x"}, "list": [1]}
+    event = merge_template(template, {"a": 2, "user": {"id": "e"}})
+    assert event == {"a": 2, "user": {"id": "e"}, "list": [1]}
+
+
+def test_merge_template_copies_containers_per_event() -> None:
+    template = {"eventn_ctx": {"tags": ["x"], "inner": {"k": 1}}, "n": 5}
+    first = merge_template(template, {})
+    second = merge_template(template, {})
+    first["eventn_ctx"]["tags"].append("y")
+    first["eventn_ctx"]["inner"]["k"] = 2
+    enrich(first, JS)
+    assert second == {"eventn_ctx": {"tags": ["x"], "inner": {"k": 1}}, "n": 5}
+    assert template == {"eventn_ctx": {"tags": ["x"], "inner": {"k": 1}}, "n": 5}
+
+
+def test_merge_template_survives_hostile_depth() -> None:
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(5000):
+        node["d"] = [{}]
+        node = node["d"][0]
+    node["leaf"] = 1
+    merged = merge_template({"deep": deep}, {})
+    walk = merged["deep"]
+    original = deep
+    for _ in range(5000):
+        assert walk is not original
+        walk, original = walk["d"][0], original["d"][0]
+    assert walk == {"leaf": 1}
