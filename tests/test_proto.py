@@ -18,7 +18,7 @@ from eventspark.steps.mapping import Mapper
 from eventspark.steps.typing import BatchHeader, header_for
 
 PROTO_DIR = Path(__file__).resolve().parents[1] / "proto"
-TESTDATA = Path("/work/shared/testdata/eventnative")
+TESTDATA = Path(__file__).resolve().parents[2] / "shared" / "testdata" / "eventnative"
 
 
 @pytest.fixture(scope="module")

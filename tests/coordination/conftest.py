@@ -115,21 +115,21 @@ def _forget_redis_keys(backend: Backend) -> None:
         client.close()
 
 
-@pytest.fixture(params=["memory", "redis", "etcd"])
-def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    """Each backend in turn."""
-    made = _backend(request, request.param)
+def _backend_for_one_test(request: pytest.FixtureRequest, kind: str) -> Iterator[Backend]:
+    made = _backend(request, kind)
     yield made
     made.close()
     if made.kind == "redis":
         _forget_redis_keys(made)
+
+
+@pytest.fixture(params=["memory", "redis", "etcd"])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """Each backend in turn."""
+    yield from _backend_for_one_test(request, request.param)
 
 
 @pytest.fixture(params=["redis", "etcd"])
 def shared_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     """The backends shared between processes, with leases that expire."""
-    made = _backend(request, request.param)
-    yield made
-    made.close()
-    if made.kind == "redis":
-        _forget_redis_keys(made)
+    yield from _backend_for_one_test(request, request.param)

@@ -1,5 +1,6 @@
 import json
 import re
+from pathlib import Path
 
 import orjson
 import pytest
@@ -16,7 +17,7 @@ from eventspark.steps.flatten import (
     sanitize_name,
 )
 
-TESTDATA = "/work/shared/testdata/eventnative"
+TESTDATA = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
 SAFE_NAME = re.compile(r"[a-z0-9_]{1,63}")
 
 keys = st.one_of(
@@ -153,13 +154,17 @@ def test_depth_is_bounded() -> None:
     assert json.loads(value)["k"]["k"]
 
 
-def test_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_caches_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(flatten_module, "_CACHE_LIMIT", 10)
     monkeypatch.setattr(flatten_module, "_sanitized_keys", {})
+    monkeypatch.setattr(flatten_module, "_names_by_prefix", {})
+    monkeypatch.setattr(flatten_module, "_cached_names", 0)
     for i in range(100):
-        flatten({f"key {i}": i})
+        flatten({f"key {i}": i, f"parent {i}": {"child": i}})
         assert len(flatten_module._sanitized_keys) <= 10
-    assert flatten({"key 5": 5}) == {"key_5": 5}
+        prefixes = flatten_module._names_by_prefix
+        assert len(prefixes) + sum(len(names) for names in prefixes.values()) <= 10
+    assert flatten({"key 5": 5, "parent 5": {"child": 5}}) == {"key_5": 5, "parent_5_child": 5}
 
 
 @given(events)
@@ -189,3 +194,8 @@ def test_column_name_is_where_flatten_puts_a_value(path: list[str], value: int) 
 @given(st.text())
 def test_sanitize_name_is_always_safe(name: str) -> None:
     assert SAFE_NAME.fullmatch(sanitize_name(name))
+
+
+def test_non_string_keys_from_yaml_constants() -> None:
+    assert flatten({"c": {1: "one"}}) == {"c_1": "one"}
+    assert flatten({"c": {True: "yes"}}) == {"c_true": "yes"}  # True == 1 must not share a cache entry

@@ -164,6 +164,13 @@ def test_validation_errors_name_the_rule(rule: object, problem: str) -> None:
         Mapper.build(True, rules)
 
 
+def test_unbalanced_type_hints_at_yaml_flow_mappings() -> None:
+    # YAML reads {src: /amount, action: cast, type: numeric(12,2)} as type "numeric(12" and a key "2)"
+    rules = [{"src": "/amount", "action": "cast", "type": "numeric(12"}]
+    with pytest.raises(MappingError, match="quote it"):
+        Mapper.build(True, rules)
+
+
 def test_mapping_error_is_a_value_error_and_checks_the_section() -> None:
     assert issubclass(MappingError, ValueError)
     with pytest.raises(MappingError, match="keep_unmapped"):

@@ -1,5 +1,6 @@
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -13,6 +14,7 @@ from eventspark.steps.typing import (
     Field,
     ancestors,
     coerce,
+    field_for,
     format_timestamp,
     header_for,
     infer_type,
@@ -21,7 +23,7 @@ from eventspark.steps.typing import (
     promote,
 )
 
-TESTDATA = "/work/shared/testdata/eventnative"
+TESTDATA = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
 
 types = st.sampled_from(list(DataType))
 aware_datetimes = st.datetimes(
@@ -352,3 +354,46 @@ def test_coerce_error_message_is_bounded() -> None:
     with pytest.raises(ValueError) as info:
         coerce("x" * 10_000, DataType.INT64)
     assert len(str(info.value)) < 150
+
+
+row_names = st.sampled_from(["_timestamp", "eventn_ctx_utc_time", "cast_int", "cast_literal", "x", "y"])
+row_values = st.one_of(json_scalars, st.none(), st.integers(min_value=2**63, max_value=2**64))
+ROW_CASTS = {"cast_int": "integer", "cast_literal": "numeric(12,2)", "_timestamp": "TIMESTAMP"}
+
+
+@given(st.lists(st.dictionaries(row_names, row_values), max_size=6))
+def test_add_row_equals_merging_per_row_headers(rows: list[dict]) -> None:
+    running = BatchHeader("t")
+    merged = BatchHeader("t")
+    for row in rows:
+        running.add_row(row, ROW_CASTS)
+        single = BatchHeader("t")
+        for name, value in row.items():  # the per-row rules, spelled out without add_row
+            if value is None:
+                continue
+            cast = ROW_CASTS.get(name)
+            if cast is not None and parse_generic_type(cast) is not None:
+                single.fields[name] = Field(parse_generic_type(cast))
+            elif cast is not None:
+                single.fields[name] = Field(infer_type(value), cast)
+            elif name in ALWAYS_TIMESTAMP:
+                single.fields[name] = Field(DataType.TIMESTAMP)
+            else:
+                single.fields[name] = Field(infer_type(value))
+        assert header_for("t", row, ROW_CASTS) == single
+        merged.merge(single)
+    assert running == merged
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("cast_int", "12", (Field(DataType.INT64), True)),
+        ("cast_literal", "12", (Field(DataType.STRING, "numeric(12,2)"), False)),
+        ("_timestamp", "x", (Field(DataType.TIMESTAMP), True)),
+        ("eventn_ctx_utc_time", 5, (Field(DataType.TIMESTAMP), True)),
+        ("x", 5, (Field(DataType.INT64), False)),
+    ],
+)
+def test_field_for(name: str, value: object, expected: tuple[Field, bool]) -> None:
+    assert field_for(name, value, ROW_CASTS) == expected

@@ -52,7 +52,17 @@ def to_stage(value: Any, stage: DataType) -> Any:
 class ChunkBuffer:
     """Accepts rows for one table; `take` hands them over as a chunk with its column types."""
 
-    __slots__ = ("existing", "fixed_types", "mixed", "primary_keys", "rows", "seqs", "sql_types", "table", "types")
+    __slots__ = (
+        "existing",
+        "fixed_types",
+        "mixed",
+        "primary_keys",
+        "rows",
+        "seqs",
+        "sql_types",
+        "table",
+        "types",
+    )
 
     def __init__(
         self, table: str, existing: Mapping[str, DataType | None] | None, primary_keys: tuple[str, ...] = ()
@@ -113,9 +123,12 @@ class ChunkBuffer:
 
     def _fit(self, values: dict[str, Any], name: str, value: Any, stage: DataType) -> str | None:
         self.types[name] = stage
-        if type(value) is _STAGE_KIND[stage] and stage is not DataType.TIMESTAMP:
-            if stage is not DataType.INT64 or _INT64_MIN <= value <= _INT64_MAX:
-                return None
+        if (
+            type(value) is _STAGE_KIND[stage]
+            and stage is not DataType.TIMESTAMP
+            and (stage is not DataType.INT64 or _INT64_MIN <= value <= _INT64_MAX)
+        ):
+            return None
         try:
             values[name] = to_stage(value, stage)
         except ValueError as exc:

@@ -42,10 +42,9 @@ class CollectorApp:
         self.tokens = TokenTable(config.api_keys)
         self.logs = IncomingLogs(Path(config.log.path) / "incoming", worker, fsync=config.server.fsync)
         self.routes, self.spools = build_routes(config, self.tokens.tokens, self.logs, worker)
-        self.metrics = CollectorMetrics()
+        self.metrics = CollectorMetrics(self.routes, _endpoint_names())
         self.metrics.watch_queues(self.routes.values())
         self.group_commit = GroupCommit() if config.server.fsync else None
-        self._latency = {name: self.metrics.latency.labels(name) for name in _endpoint_names()}
         self._rotation: asyncio.Task[None] | None = None
         self._open = False
 
@@ -91,10 +90,28 @@ class CollectorApp:
     # --- ASGI -------------------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            await self.handle(scope, receive, send)
-        elif scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self._lifespan(receive, send)
+            return
+        started = time.perf_counter()
+        request = Request(scope, receive)
+        found = routes.find(request.path)
+        name, response = found[0] if found else "unknown", None
+        try:
+            handler = found[1].get(request.method) if found else None
+            response = await (handler or _no_handler)(self, request)
+        except HTTPError as exc:
+            self.metrics.reject(exc.token_id, exc.status)
+            response = exc.response()
+        except ClientDisconnected:
+            return
+        except Exception as exc:
+            logger.exception("unexpected error on %s %s", request.method, request.path)
+            response = HTTPError(500, "Internal server error", type(exc).__name__).response()
+        await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+        await send({"type": "http.response.body", "body": response.body})
+        self.metrics.latency[name].observe(time.perf_counter() - started)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -112,39 +129,6 @@ class CollectorApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.perf_counter()
-        request = Request(scope, receive)
-        name, response = await self._respond(request)
-        if response is None:
-            return
-        await response.send(send)
-        self._latency[name].observe(time.perf_counter() - started)
-
-    async def _respond(self, request: Request) -> tuple[str, Response | None]:
-        found = routes.find(request.path)
-        if found is None:
-            return "unknown", HTTPError(404, "Not found", f"no endpoint {request.path}").response()
-        name, methods = found
-        handler = methods.get(request.method)
-        try:
-            if handler is not None:
-                return name, await handler(self, request)
-            if request.method == "OPTIONS":
-                return name, routes.preflight(self, request, routes.is_js(name))
-            allow = ", ".join(methods).encode()
-            raise HTTPError(
-                405, "Method not allowed", f"{name} accepts {allow.decode()}", [(b"allow", allow)]
-            )
-        except HTTPError as exc:
-            self.metrics.reject(exc.token_id, exc.status)
-            return name, exc.response()
-        except ClientDisconnected:
-            return name, None
-        except Exception as exc:
-            logger.exception("unexpected error on %s %s", request.method, request.path)
-            return name, HTTPError(500, "Internal server error", type(exc).__name__).response()
-
     # --- events -----------------------------------------------------------------------------------
 
     def route(self, token: Token) -> Route:
@@ -160,16 +144,20 @@ class CollectorApp:
 
     def sender(self, request: Request, server_side: bool) -> tuple[str, str | None]:
         """(source IP, User-Agent for JS endpoints) of a request."""
-        real, forwarded = request.headers.get(b"x-real-ip"), request.headers.get(b"x-forwarded-for")
+        headers = request.headers
+        real, forwarded = headers.get(b"x-real-ip"), headers.get(b"x-forwarded-for")
+        client = request.scope.get("client")
+        peer = client[0] if client else ""
         if real or forwarded:
             proxies = {
                 "x-real-ip": (real or b"").decode("latin-1"),
                 "x-forwarded-for": (forwarded or b"").decode("latin-1"),
             }
-            ip = client_ip(proxies, request.peer)
-        else:
-            ip = request.peer or ""
-        return ip, None if server_side else request.header(b"user-agent")
+            peer = client_ip(proxies, peer)
+        if server_side:
+            return peer, None
+        agent = headers.get(b"user-agent")
+        return peer, None if agent is None else agent.decode("utf-8", "replace")
 
     def prepare(
         self, events: list[dict[str, Any]], secret: str, ip: str, user_agent: str | None, server_side: bool
@@ -184,32 +172,54 @@ class CollectorApp:
             return orjson.dumps(events[0], option=_DUMPS_OPTION)
         return b"".join([orjson.dumps(event, option=_DUMPS_OPTION) for event in events])
 
-    async def commit(self, route: Route, token: Token, lines: bytes, count: int) -> None:
-        """Writes the lines to the route's files (and fsyncs them with `server.fsync`)."""
+    def write(self, route: Route, token: Token, lines: bytes, count: int) -> None:
+        """Hands the lines to the OS in every file of the route; 503 when that fails."""
         if count == 0:
             return
         try:
-            files = route.write(lines, count)
-            if self.group_commit is not None:
-                await self.group_commit.sync(files)
+            for file in route.files:
+                file.write(lines, count)
         except OSError as exc:
             logger.error("cannot store events of token %s: %s", token.id, exc)
             raise HTTPError(503, "Failed to store events", exc.strerror or str(exc)) from None
-        self.metrics.accepted_counter(token.id).inc(count)
+        self.metrics.accepted[token.id] += count
+
+    async def sync(self, route: Route) -> None:
+        """With `server.fsync`, waits for the group commit of the route's files; 503 when fsync fails."""
+        if self.group_commit is None:
+            return
+        try:
+            await self.group_commit.sync(route.files)
+        except OSError as exc:
+            logger.error("fsync of incoming logs failed: %s", exc)
+            raise HTTPError(503, "Failed to store events", exc.strerror or str(exc)) from None
 
     async def ingest(
         self,
+        request: Request,
         route: Route,
         token: Token,
         secret: str,
         events: list[dict[str, Any]],
-        request: Request,
         server_side: bool,
     ) -> None:
+        """Enriches, writes and (with `server.fsync`) syncs the events of one request."""
         ip, user_agent = self.sender(request, server_side)
-        await self.commit(
-            route, token, self.prepare(events, secret, ip, user_agent, server_side), len(events)
-        )
+        self.write(route, token, self.prepare(events, secret, ip, user_agent, server_side), len(events))
+        if self.group_commit is not None and events:
+            await self.sync(route)
+
+
+async def _no_handler(app: CollectorApp, request: Request) -> Response:
+    """404 for an unknown path; for a known one, the CORS preflight or 405."""
+    found = routes.find(request.path)
+    if found is None:
+        raise HTTPError(404, "Not found", f"no endpoint {request.path}")
+    name, methods = found
+    if request.method == "OPTIONS":
+        return routes.preflight(app, request, routes.is_js(name))
+    allow = ", ".join(methods)
+    raise HTTPError(405, "Method not allowed", f"{name} accepts {allow}", [(b"allow", allow.encode())])
 
 
 def _endpoint_names() -> list[str]:

@@ -1,12 +1,12 @@
 """Tokens, admin token and CORS, as EventNative answered them.
 
-Secrets are found through their SHA-256 digest (a dict lookup that reveals nothing about the
-secret's characters) and then confirmed with `hmac.compare_digest`.
+A secret is looked up in a dict keyed by the secret itself: CPython compares string contents
+only when the randomised (SipHash) hashes are equal, so the lookup time says nothing about how
+much of a guess is right. The match is then confirmed with `hmac.compare_digest`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ from eventspark.config.models import ApiKey
 TOKEN_NOT_FOUND = "The token is not found"
 NOT_SERVER_TOKEN = "The token isn't a server token. Please use s2s integration token"
 
+_ALLOW_CREDENTIALS = (b"access-control-allow-credentials", b"true")
 PREFLIGHT_HEADERS: Headers = [
     (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
     (
@@ -78,13 +79,10 @@ class OriginRules:
 def cors_headers(request: Request, rules: OriginRules | None) -> Headers:
     """`Access-Control-Allow-Origin` echoing the Origin when `rules` allow it; [] otherwise."""
     origin = request.headers.get(b"origin")
-    if origin is None or rules is None or not rules.allows(origin.decode("latin-1")):
+    if origin is None or rules is None or not (rules.allow_all or rules.allows(origin.decode("latin-1"))):
         return []
-    return [
-        (b"access-control-allow-origin", origin),
-        (b"access-control-allow-credentials", b"true"),
-        (b"vary", b"Origin"),
-    ]
+    # No `Vary: Origin`: event answers are never cached (and every header costs on the hot path).
+    return [(b"access-control-allow-origin", origin), _ALLOW_CREDENTIALS]
 
 
 # --- tokens ---------------------------------------------------------------------------------------
@@ -100,38 +98,35 @@ class Token:
     origins: OriginRules
 
 
-def _digest(secret: str) -> bytes:
-    return hashlib.sha256(secret.encode()).digest()
-
-
 class TokenTable:
     """Finds tokens by client or server secret."""
 
     def __init__(self, keys: Sequence[ApiKey]) -> None:
         self.tokens = [Token(k.id, k.client_secret, k.server_secret, OriginRules(k.origins)) for k in keys]
         self.by_id = {t.id: t for t in self.tokens}
-        self._client = {_digest(t.client_secret): t for t in self.tokens if t.client_secret}
-        self._server = {_digest(t.server_secret): t for t in self.tokens if t.server_secret}
+        self._client = _by_secret((t.client_secret, t) for t in self.tokens)
+        self._server = _by_secret((t.server_secret, t) for t in self.tokens)
 
-    def _find(self, table: dict[bytes, Token], secret: str, server: bool) -> Token | None:
-        token = table.get(_digest(secret))
-        if token is None:
+    @staticmethod
+    def _find(table: dict[str, tuple[bytes, Token]], secret: str) -> Token | None:
+        found = table.get(secret)
+        if found is None:
             return None
-        expected = token.server_secret if server else token.client_secret
-        return token if hmac.compare_digest(expected.encode(), secret.encode()) else None
+        expected, token = found
+        return token if hmac.compare_digest(expected, secret.encode()) else None
 
     def client(self, secret: str) -> Token | None:
-        return self._find(self._client, secret, server=False)
+        return self._find(self._client, secret)
 
     def server(self, secret: str) -> Token | None:
-        return self._find(self._server, secret, server=True)
+        return self._find(self._server, secret)
 
     def require_client(self, secret: str | None) -> tuple[Token, str]:
         """(token, secret) for a JS endpoint; 401 for a missing, unknown or server-only secret."""
-        token = self.client(secret) if secret else None
-        if token is None or secret is None:
+        found = self._client.get(secret) if secret else None
+        if found is None or secret is None or not hmac.compare_digest(found[0], secret.encode()):
             raise HTTPError(401, TOKEN_NOT_FOUND, _token_error(secret))
-        return token, secret
+        return found[1], secret
 
     def require_server(self, secret: str | None) -> tuple[Token, str]:
         """(token, secret) for a server-to-server endpoint; 401 for a client secret or an unknown one."""
@@ -143,6 +138,10 @@ class TokenTable:
         raise HTTPError(401, TOKEN_NOT_FOUND, _token_error(secret))
 
 
+def _by_secret(pairs: Iterable[tuple[str, Token]]) -> dict[str, tuple[bytes, Token]]:
+    return {secret: (secret.encode(), token) for secret, token in pairs if secret}
+
+
 def _token_error(secret: str | None) -> str:
     if not secret:
         return "no token in the 'token' query parameter, the X-Auth-Token header or a 'p_*' query parameter"
@@ -151,6 +150,10 @@ def _token_error(secret: str | None) -> str:
 
 def request_token(request: Request) -> str | None:
     """EventNative's lookup order: query `token`, header `X-Auth-Token`, first `p_*` query parameter."""
+    raw = request.scope["query_string"]
+    # The JS SDK's `?token=<secret>` alone: no need to parse the query string.
+    if raw.startswith(b"token=") and len(raw) > 6 and b"&" not in raw and b"%" not in raw and b"+" not in raw:
+        return raw[6:].decode("latin-1")
     query = request.query
     for key, value in query:
         if key == "token" and value:

@@ -35,6 +35,19 @@ def parse_json(body: bytes) -> Any:
     return value
 
 
+def parse_events(body: bytes) -> list[dict[str, Any]]:
+    """The events of a body (see `events_of`); 400 when it is not JSON or exceeds the limits."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise parse_failed(str(exc)) from None
+    if len(body) > 2 * MAX_LEAVES or body.count(b"{") + body.count(b"[") > MAX_DEPTH:
+        check_limits(body, value)
+    if value.__class__ is dict and "events" not in value:  # the usual single event
+        return [value]
+    return events_of(value)
+
+
 def check_limits(body: bytes, value: Any) -> None:
     """400 when `value` nests deeper than MAX_DEPTH or has more than MAX_LEAVES leaves."""
     # Nesting needs an opening bracket per level and every leaf at least two bytes: most bodies

@@ -6,7 +6,6 @@ Deliberately small and allocation-light: it runs for every event the collector r
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -32,6 +31,12 @@ class HTTPError(Exception):
         self.headers: Headers = headers or []
         self.token_id: str | None = None  # for metrics, once the token is known
 
+    def known(self, token_id: str, headers: Headers = ()) -> HTTPError:  # type: ignore[assignment]
+        """This error, raised once the token is known: counted for it, with its CORS headers."""
+        self.token_id = token_id
+        self.headers.extend(headers)
+        return self
+
     def response(self) -> Response:
         body = orjson.dumps({"message": self.message, "error": self.error})
         return Response(self.status, body, [JSON_TYPE, *self.headers])
@@ -41,16 +46,22 @@ class ClientDisconnected(Exception):
     """The client went away before its body was read; nothing is answered."""
 
 
-@dataclass(slots=True)
 class Response:
-    status: int
-    body: bytes
-    headers: Headers = field(default_factory=list)
+    """A complete answer; `headers` get Content-Length added here. Instances may be reused."""
 
-    async def send(self, send: Send) -> None:
-        headers = [*self.headers, (b"content-length", str(len(self.body)).encode())]
-        await send({"type": "http.response.start", "status": self.status, "headers": headers})
-        await send({"type": "http.response.body", "body": self.body})
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, body: bytes, headers: Headers) -> None:
+        self.status = status
+        self.body = body
+        self.headers = [*headers, (b"content-length", str(len(body)).encode())]
+
+    @classmethod
+    def prebuilt(cls, status: int, body: bytes, headers: Headers) -> Response:
+        """A response whose `headers` already hold its Content-Length (hot path)."""
+        response = cls.__new__(cls)
+        response.status, response.body, response.headers = status, body, headers
+        return response
 
 
 def json_response(data: Any, status: int = 200, headers: Headers | None = None) -> Response:
@@ -105,17 +116,17 @@ def parse_query(raw: bytes) -> list[tuple[str, str]]:
 
 async def read_body(request: Request, limit: int, setting: str = "server.max_event_size") -> bytes:
     """The whole body; 413 as soon as it is known to exceed `limit` bytes (named by `setting`)."""
+    message = await request.receive()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):  # the usual case: the server has the whole body
+        if len(body) > limit:
+            raise _too_large(limit, setting)
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        return body
     declared = request.headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit, setting)
-    message = await request.receive()
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body", False):
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected
-        if len(body) > limit:
-            raise _too_large(limit, setting)
-        return body
     return await _read_chunks(request, body, limit, setting)
 
 

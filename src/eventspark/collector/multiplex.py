@@ -26,21 +26,12 @@ class Route:
     stream_destinations: tuple[str, ...]
     incoming: AppendOnlyFile | None
     spools: tuple[StreamSpool, ...]
+    files: tuple[AppendOnlyFile, ...]
+    """Every file a line of this token is appended to: the incoming log, then the spools."""
 
     @property
     def has_destination(self) -> bool:
         return bool(self.batch_destinations or self.stream_destinations)
-
-    def write(self, data: bytes, lines: int) -> list[AppendOnlyFile]:
-        """Appends `data` to every file of the route; returns them (for group commit)."""
-        files = []
-        if self.incoming is not None:
-            self.incoming.write(data, lines)
-            files.append(self.incoming)
-        for spool in self.spools:
-            spool.append(data, lines)
-            files.append(spool.file)
-        return files
 
 
 def takes_token(destination: Destination, token: Token) -> bool:
@@ -70,10 +61,7 @@ def _route(
     taking = [dest_id for dest_id, dest in destinations.items() if takes_token(dest, token)]
     batch = tuple(d for d in taking if destinations[d].mode == "batch")
     stream = tuple(d for d in taking if destinations[d].mode == "stream")
-    return Route(
-        token_id=token.id,
-        batch_destinations=batch,
-        stream_destinations=stream,
-        incoming=logs.file_for(token.id) if batch else None,
-        spools=tuple(spools[d] for d in stream),
-    )
+    incoming = logs.file_for(token.id) if batch else None
+    route_spools = tuple(spools[d] for d in stream)
+    files = ((incoming,) if incoming is not None else ()) + tuple(s.file for s in route_spools)
+    return Route(token.id, batch, stream, incoming, route_spools, files)

@@ -7,11 +7,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from eventspark.collector import bulk, pixel
-from eventspark.collector.auth import PREFLIGHT_HEADERS, Token, check_admin, cors_headers, request_token
-from eventspark.collector.body import events_of, parse_json
+from eventspark.collector.auth import PREFLIGHT_HEADERS, check_admin, cors_headers, request_token
+from eventspark.collector.body import events_of, parse_events
 from eventspark.collector.http import (
     JSON_TYPE,
-    Headers,
     HTTPError,
     Request,
     Response,
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
 Handler = Callable[["CollectorApp", Request], Awaitable[Response]]
 
 OK = b'{"status":"ok"}'
+OK_RESPONSE = Response(200, OK, [JSON_TYPE])
 RANDOM_URL_PREFIX = "/api."
 """`/api.<anything>?p_<anything>=<token>`: the ad-blocker-proof JS endpoint."""
 
@@ -36,37 +36,43 @@ RANDOM_URL_PREFIX = "/api."
 async def js_event(app: CollectorApp, request: Request) -> Response:
     """POST /api/v1/event and /api.*: a browser's events, client secret, CORS."""
     token, secret = app.tokens.require_client(request_token(request))
-    cors = cors_headers(request, token.origins)
-    with _answering(token, cors):
+    cors = cors_headers(request, token.origins) if b"origin" in request.headers else []
+    try:
         route = app.route(token)
-        body = await read_body(request, app.max_event_size)
-        events = events_of(parse_json(body))
-        await app.ingest(route, token, secret, events, request, server_side=False)
-    return Response(200, OK, [JSON_TYPE, *cors])
+        events = parse_events(await read_body(request, app.max_event_size))
+        await app.ingest(request, route, token, secret, events, server_side=False)
+    except HTTPError as exc:
+        raise exc.known(token.id, cors) from None
+    return Response.prebuilt(200, OK, OK_RESPONSE.headers + cors) if cors else OK_RESPONSE
 
 
 async def s2s_event(app: CollectorApp, request: Request) -> Response:
     """POST /api/v1/s2s/event: a back end's events, server secret."""
     token, secret = app.tokens.require_server(request_token(request))
-    with _answering(token, []):
+    try:
         route = app.route(token)
-        body = await read_body(request, app.max_event_size)
-        events = events_of(parse_json(body))
-        await app.ingest(route, token, secret, events, request, server_side=True)
-    return Response(200, OK, [JSON_TYPE])
+        events = parse_events(await read_body(request, app.max_event_size))
+        await app.ingest(request, route, token, secret, events, server_side=True)
+    except HTTPError as exc:
+        raise exc.known(token.id) from None
+    return OK_RESPONSE
 
 
 async def bulk_upload(app: CollectorApp, request: Request) -> Response:
     """POST /api/v1/events/bulk: NDJSON upload, server secret, answered once everything is written."""
     token, secret = app.tokens.require_server(request_token(request))
-    with _answering(token, []):
+    try:
         route = app.route(token)
         body = await read_body(request, bulk.bulk_limit(app.max_event_size), "64 × server.max_event_size")
         ip, _ = app.sender(request, server_side=True)
         content_type = request.header(b"content-type")
         # Parsing and enriching a large upload would stall other requests: done on a thread.
         lines, count = await asyncio.to_thread(_bulk_lines, app, body, content_type, secret, ip)
-        await app.commit(route, token, lines, count)
+        app.write(route, token, lines, count)
+        if count:
+            await app.sync(route)
+    except HTTPError as exc:
+        raise exc.known(token.id) from None
     return json_response({"status": "ok", "accepted": count})
 
 
@@ -82,26 +88,11 @@ async def pixel_gif(app: CollectorApp, request: Request) -> Response:
     events = events_of(pixel.decode_data(request.query_param("data"), app.max_event_size))
     token, secret = app.tokens.require_client(request_token(request) or pixel.token_in_data(events))
     cors = cors_headers(request, token.origins)
-    with _answering(token, cors):
-        route = app.route(token)
-        await app.ingest(route, token, secret, events, request, server_side=False)
+    try:
+        await app.ingest(request, app.route(token), token, secret, events, server_side=False)
+    except HTTPError as exc:
+        raise exc.known(token.id, cors) from None
     return Response(200, pixel.GIF, [*pixel.GIF_HEADERS, *cors])
-
-
-class _answering:
-    """Adds the token id and CORS headers to an error raised once the token is known."""
-
-    def __init__(self, token: Token, cors: Headers) -> None:
-        self.token = token
-        self.cors = cors
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, HTTPError):
-            exc.token_id = self.token.id
-            exc.headers.extend(self.cors)
 
 
 # --- admin and misc -------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ DEFAULT_PORT = 2379
 
 
 class EtcdCoordination:
-    """Coordination through an etcd v3 cluster (3.3 or newer), reached at one client endpoint."""
+    """Coordination through an etcd v3 cluster (3.4 or newer), reached at one client endpoint."""
 
     def __init__(
         self,
@@ -92,7 +92,7 @@ class EtcdCoordination:
             if result.get("succeeded"):
                 return True, None
             kvs = result["responses"][0]["response_range"].get("kvs", [])
-            return False, holder_of(_unb64(kvs[0].get("value", "")).decode()) if kvs else None
+            return False, holder_of(_unb64(kvs[0].get("value", "")).decode(errors="replace")) if kvs else None
 
     def _keepalive(self, lease: etcd3gw.Lease) -> bool:
         with self._translated("renewing a lease"):
@@ -139,7 +139,7 @@ class EtcdCoordination:
         prefix = self._key("node/", "")
         with self._translated("listing instances"):
             found = self._client.get(prefix, metadata=True, keys_only=True, range_end=_prefix_end(prefix))
-            return sorted(kv["key"][len(prefix) :].decode() for _, kv in found)
+            return sorted(kv["key"][len(prefix) :].decode(errors="replace") for _, kv in found)
 
     def close(self) -> None:
         with self._node_guard:

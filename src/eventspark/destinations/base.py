@@ -180,6 +180,6 @@ def data_type_of_sql(sql_type: str) -> DataType | None:
     if match is None:
         return None
     name = match.group(1).strip()
-    if match.group(3):
-        name = f"{name} {match.group(3)}"
+    if match.group(2):
+        name = f"{name} {match.group(2)}"
     return _SQL_TYPE_FAMILIES.get(name)

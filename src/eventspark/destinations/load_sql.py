@@ -39,8 +39,9 @@ def load_columns(load: Load) -> list[str]:
 
 
 def insert_select(load: Load, quote: Quote, target: str, source: Callable[[StagedChunk], str]) -> str:
-    """INSERT INTO `target` (the qualified table name) SELECT from every chunk: a plain append, or with a primary key an
-    upsert where the last row of each key (by the order column) wins."""
+    """INSERT INTO `target` (the qualified table name) SELECT from every chunk (`source` names a
+    chunk in SQL): a plain append, or with a primary key an upsert where the last row of each key
+    (by the order column) wins."""
     table = load.table
     columns = load_columns(load)
     missing = [c for c in columns if c not in table.columns]
@@ -48,14 +49,16 @@ def insert_select(load: Load, quote: Quote, target: str, source: Callable[[Stage
         raise ValueError(f"table {table.name!r} has no column {missing[0]!r}; patch it before loading")
     names = ", ".join(quote(c) for c in columns)
     keep_order = load.ordered and bool(table.primary_keys)
-    selects = " UNION ALL ".join(_chunk_select(chunk, columns, load, quote, keep_order) for chunk in load.chunks)
+    selects = " UNION ALL ".join(
+        _chunk_select(chunk, columns, load, quote, keep_order) + f" FROM {source(chunk)}"
+        for chunk in load.chunks
+    )
     if not table.primary_keys:
         return f"INSERT INTO {target} ({names}) SELECT {names} FROM ({selects}) AS s"
     keys = ", ".join(quote(k) for k in table.primary_keys)
+    body = f"SELECT DISTINCT ON ({keys}) {names} FROM ({selects}) AS s"
     if keep_order:
-        body = f"SELECT DISTINCT ON ({keys}) {names} FROM ({selects}) AS s ORDER BY {keys}, {quote(ORDER_COLUMN)} DESC"
-    else:
-        body = f"SELECT DISTINCT ON ({keys}) {names} FROM ({selects}) AS s"
+        body += f" ORDER BY {keys}, {quote(ORDER_COLUMN)} DESC"
     updates = [f"{quote(c)} = EXCLUDED.{quote(c)}" for c in columns if c not in table.primary_keys]
     action = f"DO UPDATE SET {', '.join(updates)}" if updates else "DO NOTHING"
     return f"INSERT INTO {target} ({names}) {body} ON CONFLICT ({keys}) {action}"
@@ -70,4 +73,4 @@ def _chunk_select(chunk: StagedChunk, columns: list[str], load: Load, quote: Quo
         exprs.append(f"{value} AS {quote(name)}")
     if keep_order:
         exprs.append(quote(ORDER_COLUMN))
-    return f"SELECT {', '.join(exprs)} FROM {source(chunk)}"
+    return f"SELECT {', '.join(exprs)}"

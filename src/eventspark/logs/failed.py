@@ -32,10 +32,15 @@ def event_id_of(event: Any) -> str:
     return found if isinstance(found, str) else "" if found is None else str(found)
 
 
-def event_error_line(event: Any, error: str) -> bytes:
-    """One EventError line (with its newline). `event` is the parsed event, or the raw line
-    when it was not JSON, so that nothing the client sent is lost."""
-    record = {"event": event, "error": error, "event_id": event_id_of(event)}
+def event_error_line(event: Any, error: str, event_id: str | None = None) -> bytes:
+    """One EventError line (with its newline). `event` is the parsed event (or an
+    `orjson.Fragment` of the line as received), or the raw line when it was not JSON, so that
+    nothing the client sent is lost. `event_id` defaults to the id found in `event`."""
+    record = {
+        "event": event,
+        "error": error,
+        "event_id": event_id_of(event) if event_id is None else event_id,
+    }
     return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
 
 

@@ -112,17 +112,23 @@ class AppendOnlyFile:
 
     def write(self, data: bytes, lines: int = 1) -> None:
         """Appends `data` (whole lines); on error the file is cut back so no partial line remains."""
-        fd = self._fd if self._fd is not None else self._open()
+        fd = self._fd
+        if fd is None:
+            fd = self._open()
         start = self.size
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            written = os.write(fd, data)
+            if written != len(data):  # a regular file writes everything unless the disk is full
+                self._write_rest(fd, memoryview(data)[written:])
         except BaseException:
             self._truncate(fd, start)
             raise
         self.size = start + len(data)
         self.lines += lines
+
+    def _write_rest(self, fd: int, view: memoryview) -> None:
+        while view:
+            view = view[os.write(fd, view) :]
 
     def _open(self) -> int:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)

@@ -45,9 +45,13 @@ _SAFE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 # str.translate table for ASCII keys: every unsafe ASCII character maps to "_".
 _ASCII_TO_SAFE = {code: "_" for code in range(128) if chr(code) not in _SAFE_CHARS}
 
-# Sanitising is pure, and the same few hundred keys repeat in every event: cache it. Bounded
-# because keys are untrusted; clearing when full is cheap and keeps the common keys hot.
-_sanitized_keys: dict[object, str] = {}
+# Sanitising is pure, and the same few hundred keys repeat in every event: cache it, per key and
+# per (parent name, key) so that the hot path builds no strings. Bounded because keys are
+# untrusted; clearing when full is cheap and the common keys are back after one event.
+_sanitized_keys: dict[str, str] = {}
+_names_by_prefix: dict[str, dict[str, str]] = {}
+_cached_names = 0
+_SCALAR_TYPES = frozenset({str, int, float, bool})
 
 
 def _short_hash(text: str) -> str:
@@ -69,9 +73,11 @@ def _sanitize_key_uncached(key: object) -> str:
 
 def _sanitize_key(key: object) -> str:
     """One key as a name segment; not length-bounded (the joined name is bounded)."""
-    name = _sanitized_keys.get(key)
+    name = _sanitized_keys.get(key)  # type: ignore[arg-type]
     if name is None:
         name = _sanitize_key_uncached(key)
+        if not isinstance(key, str):  # only str keys are cached: True == 1 would share an entry
+            return name
         if len(_sanitized_keys) >= _CACHE_LIMIT:
             _sanitized_keys.clear()
         _sanitized_keys[key] = name
@@ -110,25 +116,61 @@ def to_json(value: object) -> str:
         raise ValueError("array or object is nested too deeply to store as JSON") from exc
 
 
+def _names_under(prefix: str) -> dict[str, str]:
+    """The cache of full (unbounded) names of the keys under ``prefix``."""
+    global _cached_names
+    names = _names_by_prefix.get(prefix)
+    if names is None:
+        if _cached_names >= _CACHE_LIMIT:
+            _forget_names()
+        names = _names_by_prefix[prefix] = {}
+        _cached_names += 1
+    return names
+
+
+def _full_name(names: dict[str, str], prefix: str, key: object) -> str:
+    global _cached_names
+    if not isinstance(key, str):  # JSON keys are str; other keys (from YAML constants) stay uncached
+        return prefix + _sanitize_key(key)
+    if _cached_names >= _CACHE_LIMIT:
+        _forget_names()  # ``names`` is then no longer shared: it lives only until the event is done
+    name = names[key] = prefix + _sanitize_key(key)
+    _cached_names += 1
+    return name
+
+
+def _forget_names() -> None:
+    # Only the registry is cleared (atomic, safe with other threads); dropped per-prefix dicts
+    # are freed once no running flatten holds them.
+    global _cached_names
+    _names_by_prefix.clear()
+    _cached_names = 0
+
+
 def _flatten_into(obj: dict, prefix: str, out: dict[str, object], depth: int) -> bool:
-    """Add obj's leaves to ``out``; False as soon as two leaves share a name."""
+    """Add obj's leaves to ``out``; False as soon as two leaves share a name.
+
+    The hot path: one cached name lookup and one type check per scalar leaf.
+    """
+    names = _names_under(prefix)
     for key, value in obj.items():
-        name = _sanitized_keys.get(key)
+        name = names.get(key)
         if name is None:
-            name = _sanitize_key(key)
-        name = prefix + name
-        if isinstance(value, dict):
-            if not value:
+            name = _full_name(names, prefix, key)
+        kind = type(value)
+        if kind not in _SCALAR_TYPES:
+            if kind is dict or isinstance(value, dict):
+                if not value:
+                    continue
+                if depth < MAX_DEPTH:
+                    if not _flatten_into(value, name + "_", out, depth + 1):
+                        return False
+                    continue
+                value = to_json(value)
+            elif value is None:
                 continue
-            if depth < MAX_DEPTH:
-                if not _flatten_into(value, name + "_", out, depth + 1):
-                    return False
-                continue
-            value = to_json(value)
-        elif value is None:
-            continue
-        elif isinstance(value, list | tuple):
-            value = to_json(value)
+            elif kind is list or kind is tuple or isinstance(value, list | tuple):
+                value = to_json(value)
         if len(name) > MAX_NAME_LENGTH:
             name = _bound(name)
         if name in out:

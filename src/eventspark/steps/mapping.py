@@ -209,7 +209,10 @@ def _parse_type(where: str, sql_type: object) -> str | None:
     sql_type = sql_type.strip()
     balanced = sql_type.count("(") == sql_type.count(")") and sql_type.count("'") % 2 == 0
     if not _SQL_TYPE.fullmatch(sql_type) or "--" in sql_type or not balanced:
-        raise MappingError(f"{where}: type {sql_type!r} does not look like an SQL type")
+        hint = ""
+        if sql_type.count("(") > sql_type.count(")"):
+            hint = " (in a YAML flow mapping {...} a comma ends the value: quote it, 'numeric(12,2)')"
+        raise MappingError(f"{where}: type {sql_type!r} does not look like an SQL type{hint}")
     return sql_type
 
 

@@ -146,6 +146,9 @@ def infer_type(value: object) -> DataType:
     return DataType.STRING
 
 
+# Module names for the members used on the hot path: a global lookup is cheaper than an enum attribute.
+_STRING = DataType.STRING
+_TIMESTAMP = DataType.TIMESTAMP
 _TYPE_OF_KIND: dict[type, DataType] = {
     bool: DataType.BOOL,
     float: DataType.FLOAT64,
@@ -185,6 +188,20 @@ class BatchHeader:
             if current.sql_type is None and theirs.sql_type is not None:
                 current.sql_type = theirs.sql_type
 
+    def add_row(self, row: Mapping[str, object], casts: Mapping[str, str]) -> None:
+        """Merge one flattened row into this header, as ``merge(header_for(...))`` would.
+
+        The batch hot path: a known column costs a dict lookup and usually one type check.
+        """
+        fields = self.fields
+        for name, value in row.items():
+            current = fields.get(name)
+            if current is None:
+                if value is not None:
+                    fields[name] = _new_field(name, value, casts)
+            elif current.type is not _STRING and value is not None:  # STRING is the root: no check
+                _promote_field(current, name, value, casts)
+
     def to_dict(self) -> dict[str, Any]:
         """The proto3 JSON form of ``eventspark.pipeline.BatchHeader`` (proto field names)."""
         fields: dict[str, Any] = {}
@@ -217,18 +234,68 @@ def header_for(table_name: str, row: Mapping[str, object], casts: Mapping[str, s
 
     Precedence per column: an explicit cast (a generic name sets the type; a literal SQL type is
     kept as sql_type beside the inferred type), then ALWAYS_TIMESTAMP, then the value's type.
+    For a whole batch, ``BatchHeader.add_row`` on one running header gives the same result as
+    merging ``header_for`` of every row, several times faster.
     """
-    fields: dict[str, Field] = {}
-    for name, value in row.items():
-        cast = casts.get(name) if casts else None
-        if cast is not None:
-            generic = parse_generic_type(cast)
-            fields[name] = Field(generic) if generic is not None else Field(infer_type(value), cast)
-        elif name in ALWAYS_TIMESTAMP:
-            fields[name] = Field(DataType.TIMESTAMP)
-        else:
-            fields[name] = Field(infer_type(value))
-    return BatchHeader(table_name, fields)
+    header = BatchHeader(table_name)
+    header.add_row(row, casts)
+    return header
+
+
+def field_for(name: str, value: object, casts: Mapping[str, str]) -> tuple[Field, bool]:
+    """The Field of a column first seen holding ``value``, and whether its type is fixed.
+
+    A fixed type comes from the column's name (a generic cast, ALWAYS_TIMESTAMP), so later
+    values never promote it; other fields promote with every value they meet.
+    """
+    return _new_field(name, value, casts), _is_fixed(name, casts)
+
+
+def _new_field(name: str, value: object, casts: Mapping[str, str]) -> Field:
+    cast = casts.get(name)
+    if cast is not None:
+        generic = _generic_cast(cast)
+        return Field(generic) if generic is not None else Field(infer_type(value), cast)
+    if name in ALWAYS_TIMESTAMP:
+        return Field(DataType.TIMESTAMP)
+    return Field(infer_type(value))
+
+
+def _is_fixed(name: str, casts: Mapping[str, str]) -> bool:
+    """True when the column's type comes from its name, not its values (a generic cast, _timestamp)."""
+    cast = casts.get(name)
+    if cast is not None:
+        return _generic_cast(cast) is not None
+    return name in ALWAYS_TIMESTAMP
+
+
+_generic_casts: dict[str, DataType | None] = {}
+
+
+def _generic_cast(cast: str) -> DataType | None:
+    # Casts come from config: a handful of distinct strings, looked up on every row.
+    try:
+        return _generic_casts[cast]
+    except KeyError:
+        generic = _generic_casts[cast] = parse_generic_type(cast)
+        if len(_generic_casts) > 1024:
+            _generic_casts.clear()
+        return generic
+
+
+def _promote_field(current: Field, name: str, value: object, casts: Mapping[str, str]) -> None:
+    """Promote a known field for one more value; the cheap cases first."""
+    known = current.type
+    kind = type(value)
+    if known is _TIMESTAMP:
+        if _is_fixed(name, casts) or (kind is str and parse_timestamp(value) is not None):  # type: ignore[arg-type]
+            return
+        current.type = _STRING  # TIMESTAMP meets anything else at the root
+        return
+    # BOOL, INT64 or FLOAT64: a string promotes to STRING whether or not it is a timestamp
+    seen = _STRING if kind is str else _TYPE_OF_KIND.get(kind) or infer_type(value)
+    if seen is not known and not _is_fixed(name, casts):
+        current.type = _PROMOTE[known, seen]
 
 
 # JSON-style numeric literals only: Python's int()/float() would also take "1_000", " 12 ", "nan",

@@ -38,11 +38,12 @@ _ARROW_TYPES = {
 
 @contextmanager
 def translated_errors(doing: str) -> Iterator[None]:
-    """DuckDB errors as TransientError (the file is locked or unreadable) or TerminalError."""
+    """DuckDB errors as TransientError (another process holds the file's lock) or TerminalError."""
     try:
         yield
     except duckdb.IOException as exc:
-        raise TransientError(f"duckdb: {doing}: {exc}") from exc
+        kind = TransientError if "lock" in str(exc).lower() else TerminalError
+        raise kind(f"duckdb: {doing}: {exc}") from exc
     except duckdb.Error as exc:
         raise TerminalError(f"duckdb: {doing}: {exc}") from exc
 
@@ -90,7 +91,9 @@ def _arrow_column(values: list[Any], stage: DataType) -> Any:
         return pa.array(values, arrow_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
         # A promoted column mixes Python types (bool in an int64 column): convert them one by one.
-        return pa.array([coerce(v, stage) if stage is not DataType.TIMESTAMP else v for v in values], arrow_type)
+        return pa.array(
+            [coerce(v, stage) if stage is not DataType.TIMESTAMP else v for v in values], arrow_type
+        )
 
 
 class DuckDBAdapter(DestinationAdapter):
@@ -115,7 +118,8 @@ class DuckDBAdapter(DestinationAdapter):
                 conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._q(self.schema)}")
                 conn.execute(
                     f"CREATE TABLE IF NOT EXISTS {self._name(LOADS_TABLE)} (dest_id VARCHAR, file VARCHAR, "
-                    "table_name VARCHAR, loaded_at TIMESTAMPTZ DEFAULT now(), PRIMARY KEY (dest_id, file, table_name))"
+                    "table_name VARCHAR, loaded_at TIMESTAMPTZ DEFAULT now(), "
+                    "PRIMARY KEY (dest_id, file, table_name))"
                 )
                 self._conn = conn
         return self._conn
@@ -213,7 +217,8 @@ class DuckDBAdapter(DestinationAdapter):
         conn = self._connection()
         with translated_errors("reading load markers"):
             rows = conn.execute(
-                f"SELECT file, table_name FROM {self._name(LOADS_TABLE)} WHERE dest_id = ? AND list_contains(?, file)",
+                f"SELECT file, table_name FROM {self._name(LOADS_TABLE)} "
+                "WHERE dest_id = ? AND list_contains(?, file)",
                 [dest_id, list(files)],
             ).fetchall()
         return {(f, t) for f, t in rows}
@@ -230,7 +235,9 @@ class DuckDBAdapter(DestinationAdapter):
                 statement = f"INSERT INTO {self._name(table.name)} ({names}) VALUES ({values})"
                 if table.primary_keys:
                     statement += f" ON CONFLICT ({', '.join(self._q(k) for k in table.primary_keys)}) DO "
-                    updates = [f"{self._q(c)} = EXCLUDED.{self._q(c)}" for c in row if c not in table.primary_keys]
+                    updates = [
+                        f"{self._q(c)} = EXCLUDED.{self._q(c)}" for c in row if c not in table.primary_keys
+                    ]
                     statement += f"UPDATE SET {', '.join(updates)}" if updates else "NOTHING"
                 conn.execute(statement, list(row.values()))
 

@@ -19,7 +19,6 @@ from eventspark.destinations.base import (
     DestinationAdapter,
     Load,
     StagedChunk,
-    StageTarget,
     TerminalError,
     TransientError,
 )
@@ -198,9 +197,13 @@ class PostgresAdapter(DestinationAdapter):
         ]
         statements: list[sql.Composable] = []
         if patch.create:
-            statements.append(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(table, sql.SQL(", ").join(columns)))
+            statements.append(
+                sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(table, sql.SQL(", ").join(columns))
+            )
         else:
-            statements += [sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {}").format(table, c) for c in columns]
+            statements += [
+                sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {}").format(table, c) for c in columns
+            ]
         if patch.primary_keys:
             statements += self._key_statements(patch.table, patch.primary_keys, patch.create)
         return statements
@@ -210,7 +213,9 @@ class PostgresAdapter(DestinationAdapter):
         constraint = sql.Identifier(f"{self.schema}_{table}_pk"[:63])
         statements: list[sql.Composable] = []
         if not created:
-            for _table, name, _cols in self._conn_execute(_KEYS_QUERY, {"schema": self.schema, "table": table}):
+            for _table, name, _cols in self._conn_execute(
+                _KEYS_QUERY, {"schema": self.schema, "table": table}
+            ):
                 drop = sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}")
                 statements.append(drop.format(self._name(table), sql.Identifier(name)))
         cols = sql.SQL(", ").join(sql.Identifier(k) for k in keys)
@@ -267,13 +272,23 @@ class PostgresAdapter(DestinationAdapter):
 
     def _insert_statement(self, table: Table, columns: list[str]) -> sql.Composable:
         names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
-        values = sql.SQL(", ").join(sql.SQL("CAST(%s AS {})").format(sql.SQL(table.columns[c])) for c in columns)
+        values = sql.SQL(", ").join(
+            sql.SQL("CAST(%s AS {})").format(sql.SQL(table.columns[c])) for c in columns
+        )
         statement = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(self._name(table.name), names, values)
         if not table.primary_keys:
             return statement
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in table.primary_keys)
-        updates = [sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in columns if c not in table.primary_keys]
-        action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(updates)) if updates else sql.SQL("DO NOTHING")
+        updates = [
+            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
+            for c in columns
+            if c not in table.primary_keys
+        ]
+        action = (
+            sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(updates))
+            if updates
+            else sql.SQL("DO NOTHING")
+        )
         return sql.SQL("{} ON CONFLICT ({}) {}").format(statement, keys, action)
 
     def close(self) -> None:

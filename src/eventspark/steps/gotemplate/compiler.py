@@ -7,7 +7,7 @@ Grammar (Go's, minus variables, ``range``/``with``/``define``/``template``/``blo
     pipeline  := command { "|" command }          (each command's value is the next one's last argument)
     command   := operand { operand }              (a function, or a field chain with arguments)
     operand   := term { .field }                  (only when the fields follow without a space)
-    term      := .field | . | $ | function | "string" | `raw` | 'c' | number | true | false | nil | ( pipeline )
+    term      := .field | . | $ | function | "str" | `raw` | 'c' | number | true | false | nil | ( pipeline )
 
 Everything that can be checked before seeing an event is checked here, with the position:
 unknown functions, argument counts, arguments given to something that is not a function or
@@ -21,10 +21,10 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .errors import TemplateEvalError, TemplateSyntaxError
-from .funcs import ARITY, EAGER_FUNCS, MAX_LAYOUT_CHARS, field_of, format_time, is_true, time_of
+from .funcs import ARITY, EAGER_FUNCS, MAX_LAYOUT_CHARS, equal, field_of, format_time, is_true, time_of
 from .gofmt import go_type, parse_format, text_of
 from .lexer import Token, tokenize
-from .timefmt import compile_layout
+from .timefmt import Formatter, compile_layout, parse_rfc3339, significant_prefix
 
 __all__ = ["MAX_DEPTH", "Part", "compile_parts"]
 
@@ -32,6 +32,7 @@ Value = Callable[[Any], Any]
 Part = Callable[[Any], str]
 MAX_DEPTH = 32
 """Deepest nesting of ``if`` blocks and parentheses."""
+_FORMAT_CACHE_SIZE = 1024
 
 _UNSUPPORTED_KEYWORDS = frozenset({"range", "with", "define", "template", "block", "break", "continue"})
 _UNSUPPORTED_FUNCS = frozenset({"slice", "html", "js", "urlquery", "println", "call"})
@@ -107,9 +108,9 @@ class _Parser:
             keyword = self.peek()
             if keyword.kind == "ident" and keyword.value in ("end", "else"):
                 return parts, self.next()
-            _append(parts, self.parse_action(token))
+            _append(parts, self.parse_action())
 
-    def parse_action(self, left: Token) -> str | Part:
+    def parse_action(self) -> str | Part:
         first = self.peek()
         if first.kind == "ident" and first.value == "if":
             return self.parse_if(self.next())
@@ -118,9 +119,14 @@ class _Parser:
         start = self.peek().start
         commands = self.parse_pipeline("command")
         end = self.expect("right", "'}}'")
-        if len(commands) == 1 and len(commands[0]) == 1 and commands[0][0].constant:
-            return text_of(commands[0][0].value)  # {{"literal"}} is just text
-        return _printer(self.compile_pipeline(commands), self.source[start : end.start].strip())
+        action = self.source[start : end.start].strip()
+        if len(commands) == 1 and len(commands[0]) == 1:
+            only = commands[0][0]
+            if only.constant:
+                return text_of(only.value)  # {{"literal"}} is just text
+            if only.kind == "field" and only.getter is None and len(only.keys) == 1:
+                return _print_key(only.keys[0], action)  # the most common action: {{.event_type}}
+        return _printer(self.compile_pipeline(commands), action)
 
     def parse_if(self, if_token: Token) -> Part:
         self.nest(if_token)
@@ -151,8 +157,7 @@ class _Parser:
             raise self.error("missing value for if", self.peek())
         commands = self.parse_pipeline("if")
         end = self.expect("right", "'}}'")
-        pipeline = self.compile_pipeline(commands)
-        return _located(lambda event: is_true(pipeline(event)), self.source[start : end.start].strip())
+        return _condition(self.compile_pipeline(commands), self.source[start : end.start].strip())
 
     # -- pipelines --------------------------------------------------------------------------
 
@@ -274,7 +279,8 @@ class _Parser:
             self.check_format(args[0])
         if name in ("and", "or"):
             return _lazy_logic(name == "and", values)
-        return _eager_call(EAGER_FUNCS[name], values)
+        function = equal if name == "eq" and len(values) == 2 else EAGER_FUNCS[name]
+        return _eager_call(function, values)
 
     def check_format(self, operand: _Operand) -> None:
         if type(operand.value) is not str:
@@ -296,8 +302,7 @@ class _Parser:
             layout = args[0].value
             if type(layout) is not str or len(layout) > MAX_LAYOUT_CHARS:
                 raise self.error("Format needs a layout string of at most 256 characters", args[0])
-            formatter = compile_layout(layout)
-            return lambda event: formatter(time_of(receiver(event)))
+            return _literal_format(receiver, compile_layout(layout), significant_prefix(layout))
         layout_of = self.argument(args[0]) if args else final
         assert layout_of is not None
         return lambda event: format_time(receiver(event), layout_of(event))
@@ -324,18 +329,23 @@ def _joined(parts: list[str | Part]) -> Part:
     return lambda event: "".join([part(event) for part in callables])
 
 
-def _located(function: Value, action: str) -> Value:
-    """Name the failing action in the error, as Go's "executing ... at <.a.b>" does."""
+# Conditions and printed actions name themselves in errors, as Go's "executing ... at <.a.b>" does.
 
-    def run(event: Any) -> Any:
+
+def _locate(error: TemplateEvalError, action: str) -> None:
+    if error.action is None:  # the innermost action names itself
+        error.action = action
+
+
+def _condition(pipeline: Value, action: str) -> Value:
+    def condition(event: Any) -> bool:
         try:
-            return function(event)
+            return is_true(pipeline(event))
         except TemplateEvalError as exc:
-            if exc.action is None:
-                exc.action = action
+            _locate(exc, action)
             raise
 
-    return run
+    return condition
 
 
 def _printer(pipeline: Value, action: str) -> Part:
@@ -344,11 +354,22 @@ def _printer(pipeline: Value, action: str) -> Part:
             value = pipeline(event)
             return value if type(value) is str else text_of(value)
         except TemplateEvalError as exc:
-            if exc.action is None:
-                exc.action = action
+            _locate(exc, action)
             raise
 
     return print_action
+
+
+def _print_key(key: str, action: str) -> Part:
+    def print_key(event: Any) -> str:
+        try:
+            value = event.get(key) if type(event) is dict else field_of(event, key)
+            return value if type(value) is str else text_of(value)
+        except TemplateEvalError as exc:
+            _locate(exc, action)
+            raise
+
+    return print_key
 
 
 def _if_part(branches: list[tuple[Value, Part]], otherwise: Part) -> Part:
@@ -373,6 +394,29 @@ def _field_getter(receiver: Value | None, keys: tuple[str, ...]) -> Value:
         return value
 
     return field_chain
+
+
+def _literal_format(receiver: Value, formatter: Formatter, prefix: int | None) -> Value:
+    """``.Format "layout"``, caching results by the part of the timestamp string that decides them."""
+    results: dict[str, str] = {}
+
+    def format_method(event: Any) -> str:
+        value = receiver(event)
+        if type(value) is str:  # the usual receiver: an RFC 3339 string such as _timestamp
+            parsed = parse_rfc3339(value)  # validates the whole string even when cached
+            if parsed is not None:
+                if prefix is None:
+                    return formatter(parsed)
+                key = value[:prefix]
+                result = results.get(key)
+                if result is None:
+                    if len(results) >= _FORMAT_CACHE_SIZE:
+                        results.clear()
+                    result = results[key] = formatter(parsed)
+                return result
+        return formatter(time_of(value))
+
+    return format_method
 
 
 def _lazy_logic(is_and: bool, values: list[Value]) -> Value:

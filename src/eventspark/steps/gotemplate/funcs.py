@@ -16,9 +16,10 @@ from .errors import TemplateEvalError
 from .gofmt import go_type, sprint, sprintf
 from .timefmt import Formatter, compile_layout, parse_rfc3339
 
-__all__ = ["ARITY", "EAGER_FUNCS", "field_of", "format_time", "is_true", "time_of"]
+__all__ = ["ARITY", "EAGER_FUNCS", "equal", "field_of", "format_time", "is_true", "time_of"]
 
 MAX_LAYOUT_CHARS = 256
+MAX_FORMAT_CHARS = 1024  # a printf format read from the event; longer output is refused anyway
 
 
 def is_true(value: Any) -> bool:
@@ -84,6 +85,17 @@ def _basic_kind(value: Any) -> str:
     return "other"
 
 
+_BASIC_TYPES = frozenset({str, int, float, bool})
+
+
+def equal(a: Any, b: Any) -> bool:
+    """``eq a b``."""
+    kind = type(a)
+    if kind is type(b) and kind in _BASIC_TYPES:
+        return bool(a == b)
+    return _equal(a, b)
+
+
 def _equal(a: Any, b: Any) -> bool:
     kind_a, kind_b = _basic_kind(a), _basic_kind(b)
     if kind_a != kind_b:
@@ -97,10 +109,7 @@ def _equal(a: Any, b: Any) -> bool:
 
 def eq(first: Any, *others: Any) -> bool:
     """Go's ``eq a b c``: a equals b or a equals c (stopping at the first match, as Go does)."""
-    for other in others:
-        if _equal(first, other):
-            return True
-    return False
+    return any(_equal(first, other) for other in others)
 
 
 def ne(a: Any, b: Any) -> bool:
@@ -167,6 +176,8 @@ def index(item: Any, *keys: Any) -> Any:
 def printf(template: Any, *args: Any) -> str:
     if type(template) is not str:
         raise TemplateEvalError(f"wrong type for value; expected string; got {go_type(template)}")
+    if len(template) > MAX_FORMAT_CHARS:
+        raise TemplateEvalError(f"printf format longer than {MAX_FORMAT_CHARS} characters")
     return sprintf(template, args)
 
 

@@ -83,7 +83,9 @@ def _composite(value: Any, depth: int, show: Any) -> str:
         raise TemplateEvalError("value nested too deeply to print")
     if isinstance(value, dict):
         keys = sorted(value, key=str)
-        return "map[" + " ".join(f"{show(key, depth + 1)}:{show(value[key], depth + 1)}" for key in keys) + "]"
+        return (
+            "map[" + " ".join(f"{show(key, depth + 1)}:{show(value[key], depth + 1)}" for key in keys) + "]"
+        )
     if isinstance(value, list | tuple):
         return "[" + " ".join(show(item, depth + 1) for item in value) + "]"
     if isinstance(value, datetime):
@@ -197,8 +199,8 @@ def _parse_count(template: str, i: int) -> tuple[int | None, int]:
     return count, i
 
 
-def format_arg(value: Any, spec: Verb) -> str:
-    """One argument formatted by one verb, as Go's fmt does it."""
+def format_arg(value: Any, spec: Verb, depth: int = 0) -> str:
+    """One argument formatted by one verb, as Go's fmt does it (elements of lists and maps too)."""
     verb, kind = spec.verb, type(value)
     if kind is str:
         return _format_string(value, spec)
@@ -213,7 +215,7 @@ def format_arg(value: Any, spec: Verb) -> str:
     if isinstance(value, datetime):
         return _pad(go_time_string(value), spec) if verb in "vs" else _bad_verb(value, verb)
     if isinstance(value, dict | list | tuple):
-        return _composite(value, 0, lambda item, _level: format_arg(item, spec))
+        return _composite(value, depth, lambda item, level: format_arg(item, spec, level))
     return _bad_verb(value, verb)
 
 

@@ -16,18 +16,19 @@ offset (+0200), like Go for a parsed fixed offset.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from operator import attrgetter
 
-__all__ = ["compile_layout", "go_time_string", "parse_rfc3339"]
+__all__ = ["compile_layout", "go_time_string", "parse_rfc3339", "significant_prefix"]
 
 Formatter = Callable[[datetime], str]
 
 _MONTHS = (
-    "January February March April May June July August September October November December".split()
-)
-_WEEKDAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()  # datetime.weekday() order
+    "January", "February", "March", "April", "May", "June",
+    "July", "August", "September", "October", "November", "December",
+)  # fmt: skip
+_WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")  # weekday() order
 
 # Go's chunks that are one datetime attribute each: (printf conversion, attribute).
 _FIELDS = {
@@ -70,7 +71,7 @@ def _zone_offset(dt: datetime, iso_z: bool, colon: bool, minutes: bool, seconds:
 
 
 def _zone_name(dt: datetime) -> str:
-    if dt.tzinfo is None or dt.tzinfo is timezone.utc:
+    if dt.tzinfo is None or dt.tzinfo is UTC:
         return "UTC"
     name = dt.tzname() or ""
     if name and all(ch.isalnum() or ch in "+-" for ch in name):
@@ -169,17 +170,36 @@ def _numeric_chunk(rest: str) -> str | None:
     return first  # 3, 4, 5
 
 
-def _fraction_at(layout: str, i: int) -> tuple[Formatter, int] | None:
-    """``.000`` / ``.999`` (or with a comma) not followed by another digit: (formatter, length)."""
+def _fraction_length(layout: str, i: int) -> int:
+    """Length of ``.000`` / ``.999`` (or with a comma) at ``i`` when no digit follows it, else 0."""
     digit = layout[i + 1 : i + 2]
     if digit not in ("0", "9"):
-        return None
+        return 0
     end = i + 1
     while end < len(layout) and layout[end] == digit:
         end += 1
-    if layout[end : end + 1].isdecimal():
-        return None
-    return _fraction(layout[i], end - i - 1, trim=digit == "9"), end - i
+    return 0 if layout[end : end + 1].isdecimal() else end - i
+
+
+def _split_layout(layout: str) -> list[tuple[bool, str]]:
+    """The layout as (is_chunk, text) pieces, scanning like Go's nextStdChunk."""
+    pieces: list[tuple[bool, str]] = []
+    i = literal_start = 0
+    while i < len(layout):
+        chunk = _chunk_at(layout, i)
+        if chunk is None and layout[i] in ".,":
+            chunk = layout[i : i + _fraction_length(layout, i)] or None
+        if chunk is None:
+            i += 1
+            continue
+        if literal_start < i:
+            pieces.append((False, layout[literal_start:i]))
+        pieces.append((True, chunk))
+        i += len(chunk)
+        literal_start = i
+    if literal_start < len(layout):
+        pieces.append((False, layout[literal_start:]))
+    return pieces
 
 
 @lru_cache(maxsize=256)
@@ -187,25 +207,40 @@ def compile_layout(layout: str) -> Formatter:
     """A function formatting a datetime as Go's ``t.Format(layout)`` would."""
     pattern: list[str] = []
     parts: list[str | Formatter] = []  # attribute names and helper functions, in pattern order
-    i = literal_start = 0
-    while i < len(layout):
-        chunk = _chunk_at(layout, i)
-        fraction = _fraction_at(layout, i) if chunk is None and layout[i] in ".," else None
-        if chunk is None and fraction is None:
-            i += 1
-            continue
-        pattern.append(layout[literal_start:i].replace("%", "%%"))
-        if chunk in _FIELDS:
-            conversion, attribute = _FIELDS[chunk]
+    for is_chunk, text in _split_layout(layout):
+        if not is_chunk:
+            pattern.append(text.replace("%", "%%"))
+        elif text in _FIELDS:
+            conversion, attribute = _FIELDS[text]
             pattern.append(conversion)
             parts.append(attribute)
         else:
             pattern.append("%s")
-            parts.append(_DERIVED[chunk] if chunk is not None else fraction[0])  # type: ignore[index]
-        i += len(chunk) if chunk is not None else fraction[1]  # type: ignore[index]
-        literal_start = i
-    pattern.append(layout[literal_start:].replace("%", "%%"))
+            fraction = text[0] in ".,"
+            parts.append(_fraction(text[0], len(text) - 1, text[1] == "9") if fraction else _DERIVED[text])
     return _formatter("".join(pattern), parts, layout)
+
+
+# How much of a "YYYY-MM-DDThh:mm:ss" string each chunk reads.
+_PREFIX_BY_CHUNK = {
+    **dict.fromkeys(("2006", "06"), 4),
+    **dict.fromkeys(("01", "1", "Jan", "January"), 7),
+    **dict.fromkeys(("02", "2", "_2", "002", "__2", "Mon", "Monday"), 10),
+    **dict.fromkeys(("15", "03", "3", "PM", "pm"), 13),
+    **dict.fromkeys(("04", "4"), 16),
+    **dict.fromkeys(("05", "5"), 19),
+}
+
+
+@lru_cache(maxsize=256)
+def significant_prefix(layout: str) -> int | None:
+    """How many leading characters of an RFC 3339 string decide ``Format(layout)``.
+
+    A string's fields are local to its own offset, so without zone or fraction chunks the
+    result depends only on that prefix and can be cached by it. None: it depends on more.
+    """
+    lengths = [_PREFIX_BY_CHUNK.get(text, -1) for is_chunk, text in _split_layout(layout) if is_chunk]
+    return None if -1 in lengths else max(lengths, default=0)
 
 
 def _formatter(pattern: str, parts: list[str | Formatter], layout: str) -> Formatter:
@@ -225,29 +260,19 @@ def go_time_string(dt: datetime) -> str:
 
 
 def parse_rfc3339(text: str) -> datetime | None:
-    """The timestamp in an RFC 3339 string (``2020-08-02T18:23:56.291383Z``), else None."""
-    n = len(text)
-    if n < 20 or text[4] != "-" or text[7] != "-" or text[10] not in "Tt" or text[13] != ":":
-        return None
-    if text[16] != ":" or not text.isascii():
-        return None
-    end = 19
-    if text[19] == ".":
-        end = 20
-        while end < n and text[end].isdigit():
-            end += 1
-        if end == 20 or end > 29:
-            return None
-    zone = text[end:]
-    if zone not in ("Z", "z") and not _is_numeric_zone(zone):
-        return None
-    if text[10] == "t" or zone == "z":
-        text = text.upper()
+    """The timestamp in an RFC 3339 string (``2020-08-02T18:23:56.291383Z``), else None.
+
+    ``datetime.fromisoformat`` does the work (it is C); the checks after it turn away the
+    other ISO 8601 forms it accepts: dates alone, basic and week forms, times without a zone.
+    It lets through a few near-misses (``+0200`` offsets, a comma before the fraction).
+    """
     try:
-        return datetime.fromisoformat(text)
+        parsed = datetime.fromisoformat(text)
     except ValueError:
+        if "t" not in text and "z" not in text:
+            return None
+        return parse_rfc3339(text.upper())  # RFC 3339 allows lower-case t and z
+    # the characters at 7, 10, 13 and 16 of YYYY-MM-DDThh:mm:ss
+    if parsed.tzinfo is None or text[7:17:3] != "-T::":
         return None
-
-
-def _is_numeric_zone(zone: str) -> bool:
-    return len(zone) == 6 and zone[0] in "+-" and zone[3] == ":" and (zone[1:3] + zone[4:]).isdigit()
+    return parsed

@@ -1,0 +1,334 @@
+"""One batch pass: one Spark job over a set of rotated logs, then loads, status files, archive.
+
+Driver steps, in order:
+1. drop empty logs; read each log's status file and the destinations' load markers (a marker means
+   the pair was committed even if the status file never heard of it: a crash came in between);
+2. read the destinations' tables, so executors check values against the existing column types;
+3. run the job: executors multiplex lines to destinations, run the step chain, stage rows and
+   spool failed events; the driver collects only counts, chunk references and BatchHeaders;
+4. per destination/table pair: merge the headers, patch the table and commit the chunks
+   (`batch.load`); a pair that fails is recorded FAILED and retried on the next pass;
+5. append the failed events of settled pairs to `failed/`, write the status files, archive the
+   logs whose every pair is uploaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from eventspark.batch.load import Fault, PairLoad, load_pair
+from eventspark.batch.partition import NO_TABLE, SUMMARY_SCHEMA, process_partition
+from eventspark.batch.plan import DEFAULT_CHUNK_ROWS, JobPlan, token_routes
+from eventspark.config import LoadedConfig
+from eventspark.coordination import Coordination
+from eventspark.destinations import build_destination
+from eventspark.destinations.base import DestinationAdapter, DestinationError, StagedChunk
+from eventspark.logs.archive import archive_log
+from eventspark.logs.failed import append_spools
+from eventspark.logs.rotated import rotated_token
+from eventspark.logs.status import (
+    LogStatus,
+    PairStatus,
+    all_uploaded,
+    merge_status,
+    read_status,
+    write_status,
+)
+from eventspark.logs.status import status_path as _status_path
+from eventspark.steps.typing import BatchHeader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PairSummary:
+    """What a pass did for one destination/table (table '' holds skipped and template failures)."""
+
+    dest_id: str
+    table: str
+    rows: int = 0
+    failed: int = 0
+    skipped: int = 0
+    error: str = ""
+
+
+@dataclass(slots=True)
+class JobResult:
+    pairs: dict[tuple[str, str], PairSummary] = field(default_factory=dict)
+    archived: list[Path] = field(default_factory=list)
+    kept: list[Path] = field(default_factory=list)
+    deleted_empty: list[Path] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.error for p in self.pairs.values())
+
+    def pair(self, dest_id: str, table: str) -> PairSummary:
+        found = self.pairs.get((dest_id, table))
+        if found is None:
+            found = self.pairs[dest_id, table] = PairSummary(dest_id, table)
+        return found
+
+
+@dataclass(slots=True)
+class _Collected:
+    """The summary rows of every task, folded."""
+
+    counts: dict[tuple[str, str, str], list[int]] = field(
+        default_factory=lambda: defaultdict(lambda: [0, 0, 0])
+    )
+    spools: dict[tuple[str, str, str], list[Path]] = field(default_factory=lambda: defaultdict(list))
+    pairs: dict[tuple[str, str], PairLoad] = field(default_factory=dict)
+
+
+class BatchJob:
+    """Runs passes for one config; holds no Spark or database state between passes."""
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        coordination: Coordination,
+        fault: Fault | None = None,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    ) -> None:
+        self.config = loaded.config
+        self.coordination = coordination
+        self.fault = fault
+        self.chunk_rows = chunk_rows
+        self.events_dir = Path(self.config.log.path)
+
+    def run(self, session: Any, logs: list[Path]) -> JobResult:
+        result = JobResult()
+        logs = self._drop_empty(logs, result)
+        if not logs:
+            return result
+        job_id = uuid.uuid4().hex[:12]
+        adapters: dict[str, DestinationAdapter] = {}
+        try:
+            return self._run(session, logs, job_id, adapters, result)
+        finally:
+            for adapter in adapters.values():
+                self._cleanup(adapter, job_id)
+            shutil.rmtree(self.events_dir / "staging" / job_id, ignore_errors=True)
+
+    def _run(
+        self,
+        session: Any,
+        logs: list[Path],
+        job_id: str,
+        adapters: dict[str, DestinationAdapter],
+        result: JobResult,
+    ) -> JobResult:
+        statuses = {p.name: read_status(p) for p in logs}
+        dest_errors: dict[str, str] = {}
+        plan = self._plan(job_id, logs, statuses, adapters, dest_errors)
+        collected = self._execute(session, logs, plan) if plan.destinations else _Collected()
+        outcomes = self._load(collected, adapters, result)
+        if self.fault is not None:
+            self.fault("committed")
+        self._settle(logs, statuses, plan, collected, outcomes, dest_errors, result)
+        return result
+
+    # --- before the job -----------------------------------------------------------------------
+
+    def _drop_empty(self, logs: list[Path], result: JobResult) -> list[Path]:
+        kept = []
+        for path in logs:
+            if path.stat().st_size == 0:
+                path.unlink()
+                _status_path(path).unlink(missing_ok=True)
+                result.deleted_empty.append(path)
+            else:
+                kept.append(path)
+        return kept
+
+    def _plan(
+        self,
+        job_id: str,
+        logs: list[Path],
+        statuses: dict[str, LogStatus],
+        adapters: dict[str, DestinationAdapter],
+        dest_errors: dict[str, str],
+    ) -> JobPlan:
+        names = [p.name for p in logs]
+        plan = JobPlan(job_id, str(self.events_dir / "staging"), {}, {}, {}, (), {}, {})
+        plan.geo_path = self.config.geo.maxmind_path
+        plan.chunk_rows = self.chunk_rows
+        for dest_id, dest in self.config.destinations.items():
+            if dest.mode != "batch":
+                continue
+            try:
+                adapter = adapters[dest_id] = build_destination(dest_id, dest, self.events_dir)
+                self._prepare_destination(plan, dest_id, dest, adapter, names, statuses)
+            except DestinationError as exc:
+                log.warning("destination %s is skipped this pass: %s", dest_id, exc)
+                dest_errors[dest_id] = str(exc)
+        routes = token_routes(self.config.api_keys, plan.destinations)
+        plan.secret_tokens, plan.token_destinations, plan.default_destinations = routes
+        plan.file_tokens = {name: rotated_token(name) or "" for name in names}
+        plan.file_ranks = {name: rank for rank, name in enumerate(sorted(names))}
+        plan.done = {
+            (name, dest_id): frozenset(t for t, s in statuses[name].get(dest_id, {}).items() if s.uploaded)
+            for name in names
+            for dest_id in plan.destinations
+        }
+        return plan
+
+    def _prepare_destination(
+        self,
+        plan: JobPlan,
+        dest_id: str,
+        dest: Any,
+        adapter: DestinationAdapter,
+        names: list[str],
+        statuses: dict[str, LogStatus],
+    ) -> None:
+        # Markers first: a pair committed before a crash is uploaded, whatever the status file says.
+        for name, table in adapter.loaded_files(dest_id, names):
+            statuses[name].setdefault(dest_id, {})[table] = PairStatus(True)
+        tables = adapter.read_tables()
+        plan.existing[dest_id] = {
+            name: {column: adapter.data_type_of(sql_type) for column, sql_type in table.columns.items()}
+            for name, table in tables.items()
+        }
+        plan.stages[dest_id] = adapter.stage_target(plan.job_id)
+        plan.primary_keys[dest_id] = tuple(dest.data_layout.primary_key_fields)
+        plan.destinations[dest_id] = dest
+
+    # --- the job ------------------------------------------------------------------------------
+
+    def _execute(self, session: Any, logs: list[Path], plan: JobPlan) -> _Collected:
+        frame = session.read.text([str(p) for p in logs]).select("value", "_metadata.file_name")
+
+        def task(batches: Any) -> Any:
+            from pyspark import TaskContext
+
+            context = TaskContext.get()
+            return process_partition(plan, context.partitionId() if context else 0, batches)
+
+        collected = _Collected()
+        for row in frame.mapInArrow(task, SUMMARY_SCHEMA).toLocalIterator():
+            _fold(collected, row)
+        return collected
+
+    # --- after the job ------------------------------------------------------------------------
+
+    def _load(
+        self, collected: _Collected, adapters: dict[str, DestinationAdapter], result: JobResult
+    ) -> dict[tuple[str, str], str]:
+        outcomes: dict[tuple[str, str], str] = {}
+        max_default = self.config.server.max_columns
+        for key in sorted(collected.pairs):
+            pair = collected.pairs[key]
+            dest = self.config.destinations[pair.dest_id]
+            keys = tuple(dest.data_layout.primary_key_fields)
+            max_columns = dest.data_layout.max_columns or max_default
+            error = load_pair(adapters[pair.dest_id], self.coordination, pair, keys, max_columns, self.fault)
+            outcomes[key] = error
+            result.pair(*key).error = error
+        return outcomes
+
+    def _settle(
+        self,
+        logs: list[Path],
+        statuses: dict[str, LogStatus],
+        plan: JobPlan,
+        collected: _Collected,
+        outcomes: dict[tuple[str, str], str],
+        dest_errors: dict[str, str],
+        result: JobResult,
+    ) -> None:
+        fresh = {
+            (name, dest_id)
+            for name, status in statuses.items()
+            for dest_id in plan.destinations
+            if dest_id not in status
+        }
+        updates: dict[str, LogStatus] = defaultdict(dict)
+        for (name, dest_id, table), (rows, failed, skipped) in collected.counts.items():
+            summary = result.pair(dest_id, table)
+            summary.rows, summary.failed, summary.skipped = (
+                summary.rows + rows,
+                summary.failed + failed,
+                summary.skipped + skipped,
+            )
+            tables = updates[name].setdefault(dest_id, {})
+            if table != NO_TABLE:
+                error = outcomes.get((dest_id, table), "")
+                tables[table] = PairStatus(not error, error)
+        self._append_failed(collected, outcomes, fresh)
+        for dest_id, error in dest_errors.items():
+            result.pair(dest_id, NO_TABLE).error = error
+            for name in statuses:
+                updates[name].setdefault(dest_id, {})[NO_TABLE] = PairStatus(False, error)
+        for path in logs:
+            self._finish_log(path, statuses[path.name], updates.get(path.name, {}), plan, result)
+
+    def _append_failed(
+        self, collected: _Collected, outcomes: dict[tuple[str, str], str], fresh: set[tuple[str, str]]
+    ) -> None:
+        failed_dir = self.events_dir / "failed"
+        by_dest: dict[str, list[Path]] = defaultdict(list)
+        for (name, dest_id, table), spools in sorted(collected.spools.items()):
+            # Events of a FAILED pair are processed again on the retry; template failures once per log.
+            settled = (
+                (name, dest_id) in fresh if table == NO_TABLE else not outcomes.get((dest_id, table), "")
+            )
+            if settled:
+                by_dest[dest_id].extend(spools)
+        for dest_id, spools in by_dest.items():
+            append_spools(failed_dir, dest_id, spools)
+
+    def _finish_log(
+        self, path: Path, old: LogStatus, update: LogStatus, plan: JobPlan, result: JobResult
+    ) -> None:
+        merged = merge_status(old, update)
+        for dest_id in plan.destinations:
+            # Reached this pass: a destination-wide error of an earlier pass is over.
+            merged.get(dest_id, {}).pop(NO_TABLE, None)
+        write_status(path, merged)
+        if all_uploaded(merged):
+            result.archived.append(archive_log(path, self.events_dir / "archive"))
+        else:
+            result.kept.append(path)
+
+    def _cleanup(self, adapter: DestinationAdapter, job_id: str) -> None:
+        try:
+            adapter.drop_stages(job_id)
+        except DestinationError as exc:
+            log.warning("could not drop the staging of job %s: %s", job_id, exc)
+        finally:
+            adapter.close()
+
+
+def _fold(collected: _Collected, row: Any) -> None:
+    kind, file, dest_id, table = row["kind"], row["file"], row["dest"], row["tbl"]
+    if kind == "count":
+        counts = collected.counts[file, dest_id, table]
+        counts[0] += row["rows"]
+        counts[1] += row["failed"]
+        counts[2] += row["skipped"]
+        if row["spool"]:
+            collected.spools[file, dest_id, table].append(Path(row["spool"]))
+        if row["rows"] and table != NO_TABLE:
+            _pair(collected, dest_id, table).files.add(file)
+        return
+    payload = orjson.loads(row["payload"])
+    pair = _pair(collected, dest_id, table)
+    pair.chunks.append(StagedChunk.from_dict(payload["chunk"]))
+    pair.header.merge(BatchHeader.from_dict(payload["header"]))
+
+
+def _pair(collected: _Collected, dest_id: str, table: str) -> PairLoad:
+    found = collected.pairs.get((dest_id, table))
+    if found is None:
+        found = collected.pairs[dest_id, table] = PairLoad(dest_id, table, BatchHeader(table))
+    return found

@@ -1,0 +1,208 @@
+"""The executor side of the job: one Spark task's lines through the step chain into the stage.
+
+Input: Arrow batches of (line, rotated log name). Output: one small Arrow batch of summary rows,
+counts per (log, destination, table), the staged chunks with their BatchHeaders, and the spool
+files of failed events. Events never leave the executor except into the warehouse's stage.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from eventspark.batch.chunks import ChunkBuffer
+from eventspark.batch.plan import JobPlan
+from eventspark.destinations.base import StageWriter
+from eventspark.logs.failed import event_error_line, event_id_of
+from eventspark.steps.chain import DestinationChain, Failure
+from eventspark.steps.lookup import GeoResolver, UserAgentParser
+
+SUMMARY_SCHEMA = (
+    "kind string, file string, dest string, tbl string, rows long, failed long, skipped long, "
+    "spool string, payload string"
+)
+NO_TABLE = ""
+"""The table of events that never got one: template failures, skips, unreadable lines."""
+
+# One GeoIP reader and UA parser per Python worker: Spark reuses workers across tasks and jobs.
+_resolvers: dict[str | None, tuple[GeoResolver | None, UserAgentParser]] = {}
+
+
+def _lookups(geo_path: str | None) -> tuple[GeoResolver | None, UserAgentParser]:
+    found = _resolvers.get(geo_path)
+    if found is None:
+        found = _resolvers[geo_path] = (GeoResolver.open(geo_path), UserAgentParser())
+    return found
+
+
+def process_partition(plan: JobPlan, partition_id: int, batches: Iterator[Any]) -> Iterator[Any]:
+    """The body of `mapInArrow`: consumes the task's batches, yields its summary."""
+    import pyarrow as pa
+
+    task = PartitionTask(plan, partition_id)
+    try:
+        for batch in batches:
+            lines = batch.column(0).to_pylist()
+            files = batch.column(1).to_pylist()
+            for line, file in zip(lines, files, strict=True):
+                task.add_line(line, file)
+        rows = task.finish()
+    finally:
+        task.close()
+    names = [part.split()[0] for part in SUMMARY_SCHEMA.split(", ")]
+    yield pa.RecordBatch.from_pylist(
+        [dict(zip(names, row, strict=True)) for row in rows], schema=_arrow_schema()
+    )
+
+
+def _arrow_schema() -> Any:
+    import pyarrow as pa
+
+    fields = []
+    for part in SUMMARY_SCHEMA.split(", "):
+        name, kind = part.split()
+        fields.append(pa.field(name, pa.string() if kind == "string" else pa.int64()))
+    return pa.schema(fields)
+
+
+class PartitionTask:
+    """State of one task: chains, buffers per pair, counters, spools, writers."""
+
+    def __init__(self, plan: JobPlan, partition_id: int) -> None:
+        self.plan = plan
+        self.partition_id = partition_id
+        self.chains: dict[str, DestinationChain] = {}
+        self.buffers: dict[tuple[str, str], ChunkBuffer] = {}
+        self.counts: dict[tuple[str, str, str], list[int]] = {}
+        self.spools: dict[tuple[str, str, str], tuple[Path, IO[bytes]]] = {}
+        self.writers: dict[str, StageWriter] = {}
+        self.chunks: list[tuple[str, str, bytes]] = []
+        self.line_number = 0
+
+    def chain(self, dest_id: str) -> DestinationChain:
+        chain = self.chains.get(dest_id)
+        if chain is None:
+            geo, ua = _lookups(self.plan.geo_path)
+            chain = self.chains[dest_id] = DestinationChain.build(
+                dest_id, self.plan.destinations[dest_id], geo, ua
+            )
+        return chain
+
+    def add_line(self, line: str, file: str) -> None:
+        self.line_number += 1
+        file_token = self.plan.file_tokens.get(file, "")
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            for dest_id in self.plan.destinations_of(file_token):
+                self.fail(file, dest_id, NO_TABLE, line, f"the line is not JSON: {exc}")
+            return
+        if not isinstance(event, dict):
+            for dest_id in self.plan.destinations_of(file_token):
+                self.fail(file, dest_id, NO_TABLE, line, "the line is not a JSON object")
+            return
+        api_key = event.get("api_key")
+        token = self.plan.secret_tokens.get(api_key, file_token) if isinstance(api_key, str) else file_token
+        dest_ids = self.plan.destinations_of(token)
+        last = len(dest_ids) - 1
+        for index, dest_id in enumerate(dest_ids):
+            # The chain changes the event it runs on: every destination but the last gets a copy.
+            self.route(file, dest_id, event if index == last else orjson.loads(line), line)
+
+    def route(self, file: str, dest_id: str, event: dict[str, Any], line: str) -> None:
+        result = self.chain(dest_id).process(event)
+        if result is None:
+            self.count(file, dest_id, NO_TABLE)[2] += 1
+            return
+        if isinstance(result, Failure):
+            self.fail(file, dest_id, NO_TABLE, line, result.error)
+            return
+        table = result.table
+        if table in self.plan.done.get((file, dest_id), ()):
+            return
+        buffer = self.buffer(dest_id, table)
+        error = buffer.add(result.values, result.casts, self.seq(file))
+        if error is not None:
+            self.fail(file, dest_id, table, line, error)
+            return
+        self.count(file, dest_id, table)[0] += 1
+        if len(buffer) >= self.plan.chunk_rows:
+            self.flush(dest_id, buffer)
+
+    def seq(self, file: str) -> int:
+        # Later logs first by rank, then task, then line: the last event of a key wins an upsert.
+        rank = self.plan.file_ranks.get(file, 0)
+        return (rank << 44) | (self.partition_id << 28) | self.line_number
+
+    def buffer(self, dest_id: str, table: str) -> ChunkBuffer:
+        key = (dest_id, table)
+        buffer = self.buffers.get(key)
+        if buffer is None:
+            existing = self.plan.existing.get(dest_id, {}).get(table)
+            keys = self.plan.primary_keys.get(dest_id, ())
+            buffer = self.buffers[key] = ChunkBuffer(table, existing, keys)
+        return buffer
+
+    def count(self, file: str, dest_id: str, table: str) -> list[int]:
+        key = (file, dest_id, table)
+        counts = self.counts.get(key)
+        if counts is None:
+            counts = self.counts[key] = [0, 0, 0]
+        return counts
+
+    def fail(self, file: str, dest_id: str, table: str, line: str, error: str) -> None:
+        self.count(file, dest_id, table)[1] += 1
+        try:
+            original: Any = orjson.loads(line)  # the event as received, not as the chain left it
+            event: Any = orjson.Fragment(line)
+        except orjson.JSONDecodeError:
+            original = event = line
+        self.spool(file, dest_id, table).write(event_error_line(event, error, event_id_of(original)))
+
+    def spool(self, file: str, dest_id: str, table: str) -> IO[bytes]:
+        key = (file, dest_id, table)
+        found = self.spools.get(key)
+        if found is None:
+            folder = Path(self.plan.staging_dir) / self.plan.job_id / "failed"
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{uuid.uuid4().hex}.log"
+            found = self.spools[key] = (path, path.open("wb"))
+        return found[1]
+
+    def flush(self, dest_id: str, buffer: ChunkBuffer) -> None:
+        keys = self.plan.primary_keys.get(dest_id, ())
+        columns, rows, header = buffer.take(ordered=bool(keys))
+        if not rows:
+            return
+        writer = self.writers.get(dest_id)
+        if writer is None:
+            writer = self.writers[dest_id] = self.plan.stages[dest_id].open()
+        chunk = writer.write(columns, rows)
+        payload = orjson.dumps({"chunk": chunk.to_dict(), "header": header.to_dict()})
+        self.chunks.append((dest_id, buffer.table, payload))
+
+    def finish(self) -> list[tuple[Any, ...]]:
+        """Stages what is left and returns the summary rows."""
+        for (dest_id, _table), buffer in self.buffers.items():
+            self.flush(dest_id, buffer)
+        for _path, handle in self.spools.values():
+            handle.close()
+        out: list[tuple[Any, ...]] = []
+        for (file, dest_id, table), (rows, failed, skipped) in self.counts.items():
+            spool = self.spools.get((file, dest_id, table))
+            out.append(
+                ("count", file, dest_id, table, rows, failed, skipped, str(spool[0]) if spool else None, None)
+            )
+        for dest_id, table, payload in self.chunks:
+            out.append(("chunk", None, dest_id, table, 0, 0, 0, None, payload.decode()))
+        return out
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        for _path, handle in self.spools.values():
+            handle.close()

@@ -1,0 +1,185 @@
+"""A small client for ClickHouse's HTTP interface, the protocol of EventNative's DSNs.
+
+`http[s]://user:password@host:port/db?setting=value`: query parameters are sent as ClickHouse
+settings with every statement, except the client options `timeout` (seconds, or Go durations
+such as `30s`, `1m`) and `tls_config` (a name of the destination's `tls` map: the CA file that
+verifies an https server). The HTTP interface has answered the same way from 18.x to current
+releases; errors come back as a non-200 status with `Code: N. ... DB::Exception: ...` text.
+
+Errors are classified here: no connection, a dropped one, a timeout or a code in
+`TRANSIENT_CODES` → TransientError; anything else the server refuses → TerminalError.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import re
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+
+import orjson
+
+from eventspark.destinations.base import TerminalError, TransientError
+
+DEFAULT_TIMEOUT = 300.0
+CLIENT_OPTIONS = frozenset({"timeout", "tls_config", "read_timeout", "write_timeout", "debug"})
+TRANSIENT_CODES = frozenset(
+    {
+        159,  # TIMEOUT_EXCEEDED
+        164 + 45,  # 209 SOCKET_TIMEOUT
+        210,  # NETWORK_ERROR
+        202,  # TOO_MANY_SIMULTANEOUS_QUERIES
+        203,  # NO_FREE_CONNECTION
+        236,  # ABORTED
+        241,  # MEMORY_LIMIT_EXCEEDED
+        242,  # TABLE_IS_READ_ONLY
+        252,  # TOO_MANY_PARTS
+        285,  # TOO_FEW_LIVE_REPLICAS
+        319,  # UNKNOWN_STATUS_OF_INSERT
+        394,  # QUERY_WAS_CANCELLED
+        425,  # SYSTEM_ERROR
+        999,  # KEEPER_EXCEPTION
+    }
+)
+_CODE = re.compile(r"Code:\s*(\d+)")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One parsed DSN: picklable, so executors can open their own connections."""
+
+    scheme: str
+    host: str
+    port: int
+    user: str
+    password: str
+    settings: tuple[tuple[str, str], ...] = ()
+    timeout: float = DEFAULT_TIMEOUT
+    ca_file: str | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+
+def parse_dsn(dsn: str, tls: Mapping[str, str] | None = None) -> Endpoint:
+    """An Endpoint from an EventNative ClickHouse DSN; TerminalError when it is not one."""
+    parts = urlsplit(dsn)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise TerminalError(f"clickhouse: DSN {_redact(dsn)!r} is not http(s)://[user[:password]@]host[:port]/db")
+    try:
+        port = parts.port or (8443 if parts.scheme == "https" else 8123)
+    except ValueError as exc:
+        raise TerminalError(f"clickhouse: DSN {_redact(dsn)!r}: {exc}") from exc
+    params = dict(parse_qsl(parts.query))
+    ca_name = params.get("tls_config")
+    ca_file = (tls or {}).get(ca_name) if ca_name else None
+    if ca_name and ca_file is None:
+        raise TerminalError(f"clickhouse: DSN names tls_config {ca_name!r}, which clickhouse.tls lacks")
+    settings = tuple((k, v) for k, v in params.items() if k not in CLIENT_OPTIONS)
+    timeout = _seconds(params.get("timeout") or params.get("read_timeout"))
+    user, password = unquote(parts.username or "default"), unquote(parts.password or "")
+    return Endpoint(parts.scheme, parts.hostname, port, user, password, settings, timeout, ca_file)
+
+
+def _seconds(text: str | None) -> float:
+    if not text:
+        return DEFAULT_TIMEOUT
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise TerminalError(f"clickhouse: timeout {text!r} is not a duration like 30s or 1m")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _redact(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if parts.password:
+        return dsn.replace(f":{parts.password}@", ":***@", 1)
+    return dsn
+
+
+@dataclass(slots=True)
+class Client:
+    """One keep-alive HTTP connection to one server; reconnects after a failure."""
+
+    endpoint: Endpoint
+    database: str = "default"
+    _conn: http.client.HTTPConnection | None = field(default=None, repr=False)
+
+    def execute(self, sql: str, data: bytes | None = None, doing: str = "running a statement") -> bytes:
+        """Runs `sql`; with `data`, `sql` is an `INSERT ... FORMAT ...` and `data` its rows."""
+        params = dict(self.endpoint.settings)
+        params.update(database=self.database, wait_end_of_query="1")
+        if data is None:
+            body = sql.encode()
+        else:
+            params["query"] = sql
+            body = data
+        return self._post("/?" + urlencode(params), body, doing)
+
+    def rows(self, sql: str, doing: str = "reading") -> list[list[Any]]:
+        """The rows of a SELECT, values as JSON gives them (numbers, strings, None)."""
+        text = self.execute(
+            f"{sql} FORMAT JSONCompact SETTINGS output_format_json_quote_64bit_integers = 0", doing=doing
+        )
+        data: list[list[Any]] = orjson.loads(text)["data"]
+        return data
+
+    def _post(self, path: str, body: bytes, doing: str) -> bytes:
+        credentials = f"{self.endpoint.user}:{self.endpoint.password}".encode()
+        headers = {"Authorization": "Basic " + base64.b64encode(credentials).decode(), "Connection": "keep-alive"}
+        try:
+            conn = self._connection()
+            conn.request("POST", path, body, headers)
+            response = conn.getresponse()
+            payload = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            raise TransientError(f"clickhouse {self.endpoint.address}: {doing}: {_describe(exc)}") from exc
+        if response.status != 200:
+            raise _server_error(response.status, payload, f"clickhouse: {doing}")
+        return payload
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            ep = self.endpoint
+            if ep.scheme == "https":
+                context = ssl.create_default_context(cafile=ep.ca_file)
+                self._conn = http.client.HTTPSConnection(ep.host, ep.port, timeout=ep.timeout, context=context)
+            else:
+                self._conn = http.client.HTTPConnection(ep.host, ep.port, timeout=ep.timeout)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _server_error(status: int, payload: bytes, doing: str) -> TransientError | TerminalError:
+    text = payload.decode("utf-8", "replace").strip()
+    message = text.split(", e.what()")[0][:2000] or f"HTTP {status}"
+    match = _CODE.search(text)
+    if match is None:
+        # Proxies and load balancers answer 502-504 while the server restarts.
+        kind = TransientError if status >= 502 else TerminalError
+        return kind(f"{doing}: HTTP {status}: {message}")
+    code = int(match.group(1))
+    kind = TransientError if code in TRANSIENT_CODES else TerminalError
+    return kind(f"{doing}: {message}")
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The ClickHouse error code in a translated error's message, if any."""
+    match = _CODE.search(str(exc))
+    return int(match.group(1)) if match else None

@@ -1,0 +1,492 @@
+"""The persistent queue of one stream destination: `events/queue.dst=<destination_id>/`.
+
+Writers (collector processes) append events; one consumer (the destination's stream worker)
+reads them, and acknowledges a micro-batch once it is delivered or sent to `failed`. A crash
+before the acknowledgement redelivers the batch: delivery is at-least-once, and a primary key on
+`eventn_ctx_event_id` makes the warehouse side exactly-once.
+
+Files in the directory:
+
+* `<writer>.<NNNNNNNNNNNN>.dque` — segment files of one writer (`main`, or `w<n>` for collector
+  worker process n), numbered from 1. A segment is an 8-byte magic `ESQUEUE1` followed by records:
+
+      u32 little-endian  payload length (1 .. 2^31)
+      u32 little-endian  CRC-32 (zlib) of the payload
+      payload            one event, the JSON line without its newline
+
+  A record of length 0 and CRC 0 ends a segment: the writer wrote everything it will write there
+  and continues in the next number. A writer never appends to a segment it did not create, so a
+  restarted writer starts a new segment and the one it left behind is *sealed*.
+* `<writer>.writer.lock` — `flock`ed by the writer for its life: one process per writer name.
+* `lock.lock` — `flock`ed by the consumer: one consumer per queue.
+* `offsets.json` — the consumer's acknowledged position per writer, `{"<writer>": [segment,
+  byte offset]}`, replaced atomically (write + rename) on every acknowledgement.
+
+Crash safety: each record reaches the OS with one `os.write` before `append` returns (the
+collector answers 200 after that), so killing a writer loses nothing it acknowledged. A writer
+killed inside `write` may leave a torn last record; in a sealed segment the reader detects it
+(short record or CRC mismatch), logs and skips the rest of that segment. In the segment a live
+writer still appends to, an incomplete record is simply not read yet. Consumed segments are deleted
+on acknowledgement; a lost or unreadable `offsets.json` means redelivery from the oldest segment,
+never a loss. The queue is bounded only by the disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import struct
+import threading
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+__all__ = ["QueueBusy", "QueueReader", "QueueWriter", "queue_dir"]
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"ESQUEUE1"
+FRAME = struct.Struct("<II")
+END_OF_SEGMENT = FRAME.pack(0, 0)
+MAX_RECORD = 1 << 31
+SEGMENT_BYTES = 16 * 1024 * 1024
+READ_CHUNK = 1024 * 1024
+OFFSETS_FILE = "offsets.json"
+CONSUMER_LOCK = "lock.lock"
+_SEGMENT_NAME = re.compile(r"^(?P<writer>[A-Za-z0-9_-]+)\.(?P<seq>\d{12})\.dque$")
+
+# In-process wake-ups: a writer in the consumer's own process wakes it at once; a writer in
+# another process is noticed by polling.
+_wakeups: dict[str, threading.Event] = {}
+_wakeups_lock = threading.Lock()
+
+
+class QueueBusy(RuntimeError):
+    """Another process writes this queue under the same writer name, or consumes it."""
+
+
+def queue_dir(log_path: Path, destination_id: str) -> Path:
+    """`<log.path>/queue.dst=<destination_id>`."""
+    return log_path / f"queue.dst={destination_id}"
+
+
+def writer_name(worker: int | None) -> str:
+    """`main` for a single collector process, `w<n>` for collector worker process n."""
+    return "main" if worker is None else f"w{worker}"
+
+
+def segment_name(writer: str, seq: int) -> str:
+    return f"{writer}.{seq:012d}.dque"
+
+
+def _wakeup(directory: Path) -> threading.Event:
+    key = str(directory.resolve())
+    with _wakeups_lock:
+        event = _wakeups.get(key)
+        if event is None:
+            event = _wakeups[key] = threading.Event()
+        return event
+
+
+def _try_flock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on `path`, or None when another holder has it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _segments(directory: Path) -> dict[str, list[int]]:
+    """Segment numbers per writer, ascending."""
+    found: dict[str, list[int]] = {}
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return found
+    for name in names:
+        match = _SEGMENT_NAME.match(name)
+        if match is not None:
+            found.setdefault(match.group("writer"), []).append(int(match.group("seq")))
+    for seqs in found.values():
+        seqs.sort()
+    return found
+
+
+def frame(payload: bytes) -> bytes:
+    """One record: length, CRC-32, payload."""
+    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def frame_lines(data: bytes) -> bytes:
+    """Every non-empty line of `data` (newline-terminated lines) as one record each."""
+    if data.count(b"\n") <= 1:
+        line = data[:-1] if data.endswith(b"\n") else data
+        return frame(line) if line else b""
+    return b"".join(frame(line) for line in data.split(b"\n") if line)
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+class QueueWriter:
+    """Appends events to the queue under one writer name; files are opened on the first append.
+
+    The same small contract as the collector's spool: `append(data, lines)` takes whole
+    newline-terminated lines and returns once they are in the OS; `fsync()` forces them to disk
+    (group commit); `close(sync)`. Not thread-safe: one thread (the collector's loop) appends.
+    """
+
+    def __init__(
+        self, directory: Path, worker: int | None = None, segment_bytes: int = SEGMENT_BYTES
+    ) -> None:
+        self.path = directory
+        self.writer = writer_name(worker)
+        self.segment_bytes = segment_bytes
+        self.lines = 0
+        """Events appended by this object (the collector's queue gauge)."""
+        self._lock_fd: int | None = None
+        self._fd: int | None = None
+        self._seq = 0
+        self._size = 0
+        self._fd_lock = threading.Lock()  # fsync runs on the group-commit thread
+        self._wakeup: threading.Event | None = None
+
+    def append(self, data: bytes, lines: int = 1) -> None:
+        """Appends the lines of `data` as records with one write; on error nothing is left half-written."""
+        records = frame_lines(data)
+        if not records:
+            return
+        if self._fd is None:
+            self._open()
+        if self._size >= self.segment_bytes:
+            self._roll_over()
+        self._write(records)
+        self.lines += lines
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _write(self, records: bytes) -> None:
+        fd, start = self._fd, self._size
+        assert fd is not None
+        try:
+            view = memoryview(records)
+            while view:  # a regular file writes everything in one call unless the disk is full
+                view = view[os.write(fd, view) :]
+        except BaseException:
+            with contextlib.suppress(OSError):  # the original error is the one worth reporting
+                os.ftruncate(fd, start)
+            raise
+        self._size = start + len(records)
+
+    def _open(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock_fd = _try_flock(self.path / f"{self.writer}.writer.lock")
+        if lock_fd is None:
+            raise QueueBusy(f"another process writes {self.path} as {self.writer!r}")
+        self._lock_fd = lock_fd
+        seqs = _segments(self.path).get(self.writer, [])
+        self._new_segment((seqs[-1] if seqs else 0) + 1)
+        self._wakeup = _wakeup(self.path)
+
+    def _new_segment(self, seq: int) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+        fd = os.open(self.path / segment_name(self.writer, seq), flags, 0o644)
+        os.write(fd, MAGIC)
+        with self._fd_lock:
+            self._fd, self._seq, self._size = fd, seq, len(MAGIC)
+
+    def _roll_over(self) -> None:
+        old = self._fd
+        assert old is not None
+        os.write(old, END_OF_SEGMENT)
+        self._new_segment(self._seq + 1)
+        os.close(old)
+
+    def fsync(self) -> None:
+        """Forces appended records to disk; a no-op before the first append or after close."""
+        with self._fd_lock:
+            if self._fd is not None:
+                os.fsync(self._fd)
+
+    def close(self, sync: bool = False) -> None:
+        """Closes the current segment (a later writer of this name starts a new one)."""
+        with self._fd_lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Partition:
+    """The consumer's place in one writer's segments."""
+
+    writer: str
+    seq: int
+    position: int
+    acked: tuple[int, int]
+    fd: int | None = None
+    fd_seq: int = 0
+
+
+class QueueReader:
+    """The consumer side: `read` micro-batches, `ack` them once their outcome is final.
+
+    One thread uses a reader. `open()` takes the consumer lock (QueueBusy when another process
+    consumes the queue) and loads the acknowledged offsets.
+    """
+
+    def __init__(self, directory: Path, poll_interval: float = 0.01, fsync: bool = False) -> None:
+        self.path = directory
+        self.poll_interval = poll_interval
+        self.fsync = fsync
+        self.skipped_bytes = 0
+        """Bytes of torn or corrupt records skipped since open (normally 0)."""
+        self._partitions: dict[str, _Partition] = {}
+        self._lock_fd: int | None = None
+        self._wakeup: threading.Event | None = None
+
+    def open(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = _try_flock(self.path / CONSUMER_LOCK)
+        if fd is None:
+            raise QueueBusy(f"another process consumes {self.path}")
+        self._lock_fd = fd
+        self._wakeup = _wakeup(self.path)
+        offsets = self._load_offsets()
+        for writer, (seq, position) in offsets.items():
+            self._partitions[writer] = _Partition(writer, seq, position, (seq, position))
+
+    def _load_offsets(self) -> dict[str, tuple[int, int]]:
+        try:
+            raw = orjson.loads((self.path / OFFSETS_FILE).read_bytes())
+            return {str(w): (int(v[0]), int(v[1])) for w, v in raw.items()}
+        except FileNotFoundError:
+            return {}
+        except (orjson.JSONDecodeError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            log.warning(
+                "queue %s: unreadable %s (%s); redelivering from the oldest segment",
+                self.path,
+                OFFSETS_FILE,
+                exc,
+            )
+            return {}
+
+    def read(self, max_records: int, wait: float = 0.0) -> list[bytes]:
+        """Up to `max_records` events, in append order per writer; when none is queued, waits up
+        to `wait` seconds for the first ones. Returns [] when nothing came."""
+        assert self._wakeup is not None, "open() the reader first"
+        records = self._read_available(max_records)
+        remaining = wait
+        while not records and remaining > 0:
+            step = min(self.poll_interval, remaining)
+            self._wakeup.wait(step)
+            remaining -= step
+            records = self._read_available(max_records)
+        return records
+
+    def _read_available(self, max_records: int) -> list[bytes]:
+        assert self._wakeup is not None
+        self._wakeup.clear()  # before reading: an append after this point wakes the next wait
+        segments = _segments(self.path)
+        records: list[bytes] = []
+        for writer, seqs in segments.items():
+            if len(records) >= max_records:
+                break
+            part = self._partitions.get(writer)
+            if part is None:
+                part = self._partitions[writer] = _Partition(writer, seqs[0], len(MAGIC), (seqs[0], 0))
+            self._read_partition(part, seqs, records, max_records)
+        return records
+
+    def _read_partition(self, part: _Partition, seqs: list[int], out: list[bytes], limit: int) -> None:
+        while len(out) < limit:
+            if part.seq < seqs[0]:
+                # Segments were removed behind our back (or the offsets are stale): start at the oldest.
+                part.seq, part.position = seqs[0], len(MAGIC)
+            if part.seq > seqs[-1]:
+                return  # the writer ended its segment and has not created the next one yet
+            # `seqs` was listed before this read: a writer finishes a segment before it creates
+            # the next one, so everything a sealed segment will ever hold is readable now.
+            sealed = part.seq < seqs[-1]
+            state = self._read_segment(part, out, limit)
+            if state == "full":
+                return
+            if state == "stuck" and not sealed:
+                return  # the live segment: the writer may still be writing the rest
+            if state == "stuck":
+                self._skip_rest(part)  # a sealed segment without an end marker: its writer died
+            self._next_segment(part, seqs)
+
+    def _next_segment(self, part: _Partition, seqs: list[int]) -> None:
+        later = [s for s in seqs if s > part.seq]
+        part.seq = later[0] if later else part.seq + 1
+        part.position = len(MAGIC)
+
+    def _skip_rest(self, part: _Partition) -> None:
+        try:
+            size = os.stat(self.path / segment_name(part.writer, part.seq)).st_size
+        except FileNotFoundError:
+            return
+        lost = max(0, size - part.position)
+        if lost:
+            self.skipped_bytes += lost
+            log.warning(
+                "queue %s: segment %s ends with %d bytes of a torn or corrupt record; skipped",
+                self.path,
+                segment_name(part.writer, part.seq),
+                lost,
+            )
+
+    def _segment_fd(self, part: _Partition) -> int | None:
+        if part.fd is not None and part.fd_seq == part.seq:
+            return part.fd
+        self._close_fd(part)
+        try:
+            fd = os.open(self.path / segment_name(part.writer, part.seq), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        if os.pread(fd, len(MAGIC), 0) not in (MAGIC, MAGIC[: os.fstat(fd).st_size]):
+            os.close(fd)
+            raise _CorruptSegment
+        part.fd, part.fd_seq = fd, part.seq
+        return fd
+
+    def _read_segment(self, part: _Partition, out: list[bytes], limit: int) -> str:
+        """Appends the segment's complete records to `out`. Returns "full" (limit reached), "end"
+        (end marker read), or "stuck" (no complete valid record at the position)."""
+        try:
+            fd = self._segment_fd(part)
+        except _CorruptSegment:
+            return "stuck"
+        if fd is None:
+            return "stuck"
+        while len(out) < limit:
+            data = os.pread(fd, READ_CHUNK, part.position)
+            if not data:
+                return "stuck"
+            state, used = _parse(data, out, limit)
+            if state == "need" and used == 0 and len(data) == READ_CHUNK:
+                data = self._read_large(fd, part.position)
+                if data:
+                    state, used = _parse(data, out, limit)
+            part.position += used
+            if state == "end":
+                part.position += FRAME.size
+                return "end"
+            if state in ("need", "bad") and used == 0:
+                return "stuck"
+        return "full"
+
+    @staticmethod
+    def _read_large(fd: int, position: int) -> bytes:
+        """A record larger than READ_CHUNK, when the file holds all of it (a torn record's length
+        may be garbage: it is never trusted beyond the file's size)."""
+        length = FRAME.unpack(os.pread(fd, FRAME.size, position))[0]
+        if position + FRAME.size + length > os.fstat(fd).st_size:
+            return b""
+        return os.pread(fd, FRAME.size + length, position)
+
+    def ack(self) -> None:
+        """Records everything returned by `read` so far as consumed and deletes finished segments."""
+        offsets = {}
+        for part in self._partitions.values():
+            part.acked = (part.seq, part.position)
+            offsets[part.writer] = [part.seq, part.position]
+        tmp = self.path / (OFFSETS_FILE + ".tmp")
+        with tmp.open("wb") as out:
+            out.write(orjson.dumps(offsets))
+            if self.fsync:
+                os.fsync(out.fileno())
+        os.replace(tmp, self.path / OFFSETS_FILE)
+        self._delete_consumed()
+
+    def _delete_consumed(self) -> None:
+        for writer, seqs in _segments(self.path).items():
+            part = self._partitions.get(writer)
+            if part is None:
+                continue
+            for seq in seqs:
+                if seq >= part.acked[0] or seq == seqs[-1]:
+                    break  # a writer's newest segment stays: its number continues the sequence
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path / segment_name(writer, seq))
+
+    def rewind(self) -> None:
+        """Forgets what was read since the last `ack`: the next `read` returns it again."""
+        for part in self._partitions.values():
+            part.seq, part.position = part.acked
+
+    def pending_bytes(self) -> int:
+        """Bytes in segments at or after the read position (an estimate of the backlog)."""
+        total = 0
+        for writer, seqs in _segments(self.path).items():
+            part = self._partitions.get(writer)
+            for seq in seqs:
+                if part is not None and seq < part.seq:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    size = os.stat(self.path / segment_name(writer, seq)).st_size
+                    start = part.position if part is not None and seq == part.seq else len(MAGIC)
+                    total += max(0, size - start)
+        return total
+
+    def close(self) -> None:
+        for part in self._partitions.values():
+            self._close_fd(part)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    @staticmethod
+    def _close_fd(part: _Partition) -> None:
+        if part.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(part.fd)
+            part.fd = None
+
+
+class _CorruptSegment(Exception):
+    """The segment does not start with the magic bytes."""
+
+
+def _parse(data: bytes, out: list[bytes], limit: int) -> tuple[str, int]:
+    """Complete valid records of `data` into `out`. Returns (state, bytes used): "more" (all of
+    `data` used or limit reached), "end" (end marker at `used`), "need" (an incomplete record at
+    `used`), "bad" (a CRC mismatch or impossible length at `used`)."""
+    view = memoryview(data)
+    pos, size, unpack, crc32 = 0, len(data), FRAME.unpack_from, zlib.crc32
+    while len(out) < limit:
+        if size - pos < FRAME.size:
+            return ("need" if pos < size else "more"), pos
+        length, crc = unpack(data, pos)
+        if length == 0:
+            return ("end" if crc == 0 else "bad"), pos
+        if length >= MAX_RECORD:
+            return "bad", pos
+        end = pos + FRAME.size + length
+        if end > size:
+            return "need", pos
+        payload = view[pos + FRAME.size : end]
+        if crc32(payload) != crc:
+            return "bad", pos
+        out.append(payload.tobytes())
+        pos = end
+    return "more", pos
