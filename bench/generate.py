@@ -74,8 +74,12 @@ def _event(rng: random.Random, i: int, ip_pool: list[str], users: int) -> dict[s
         },
         "src": "eventn",
         "event_data": {
-            "product": {"sku": f"SKU-{rng.randrange(10000):05d}", "price": round(rng.uniform(1, 500), 2),
-                        "quantity": rng.randint(1, 5), "in_stock": rng.random() > 0.1},
+            "product": {
+                "sku": f"SKU-{rng.randrange(10000):05d}",
+                "price": round(rng.uniform(1, 500), 2),
+                "quantity": rng.randint(1, 5),
+                "in_stock": rng.random() > 0.1,
+            },
             "cart_size": rng.randint(0, 12),
             "tags": rng.sample(["sale", "new", "gift", "eco", "b2b"], k=rng.randint(0, 3)),
             "experiment": {"name": "checkout_v2", "variant": rng.choice(["a", "b"])},

@@ -23,12 +23,11 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from generate import count_leaves, generate_events  # noqa: E402
-
-from eventspark.config.models import DuckDBDestination  # noqa: E402
-from eventspark.steps.chain import DestinationChain, HeaderBuilder, Row  # noqa: E402
-from eventspark.steps.context import enrich_context  # noqa: E402
-from eventspark.steps.lookup import GeoResolver, UserAgentParser  # noqa: E402
+from eventspark.config.models import DuckDBDestination
+from eventspark.steps.chain import DestinationChain, HeaderBuilder, Row
+from eventspark.steps.context import enrich_context
+from eventspark.steps.lookup import GeoResolver, UserAgentParser
+from generate import count_leaves, generate_events
 
 TEMPLATE = '{{.event_type}}_{{._timestamp.Format "2006_01"}}'
 
@@ -68,8 +67,12 @@ def run_chain(lines: list[bytes], chain: DestinationChain) -> HeaderBuilder:
     now = datetime.now(UTC)
     for line in lines:
         event = enrich_context(
-            orjson.loads(line), token="bench-token", source_ip="203.0.113.9", user_agent=None,
-            server_side=False, now=now,
+            orjson.loads(line),
+            token="bench-token",
+            source_ip="203.0.113.9",
+            user_agent=None,
+            server_side=False,
+            now=now,
         )
         result = chain.process(event)
         if isinstance(result, Row):
@@ -96,7 +99,9 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--repeat", type=int, default=3)
@@ -112,7 +117,9 @@ def main() -> None:
     chain_time = timed(lambda: run_chain(lines, chain), args.repeat)
     n = len(lines)
     print(f"events: {n:,} (avg {leaves:.1f} leaves, {sum(map(len, lines)) / n:.0f} bytes), one core")
-    print(f"tables: {len(headers.headers)}, columns in the widest: {max(len(h.fields) for h in headers.headers.values())}")
+    print(
+        f"tables: {len(headers.headers)}, columns in the widest: {max(len(h.fields) for h in headers.headers.values())}"
+    )
     print(f"baseline orjson loads+dumps: {n / baseline:>10,.0f} events/s")
     print(f"full step chain:             {n / chain_time:>10,.0f} events/s")
     print(f"ratio chain/baseline:        {baseline / chain_time:>10.3f}")

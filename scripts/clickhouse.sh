@@ -4,6 +4,7 @@
 # session) and stop it with `stop`. Everything (config, data, logs, pid file) lives in DIR.
 #
 #   scripts/clickhouse.sh start DIR [HTTP_PORT] [TCP_PORT]   # returns once the server answers
+#                                                             # (at once if one answers already)
 #   scripts/clickhouse.sh stop DIR                            # stops the server started in DIR
 #   scripts/clickhouse.sh --install                           # only make sure the binary is there
 set -euo pipefail
@@ -78,6 +79,9 @@ EOF
 start() {
     local dir http_port=${2:-18123} tcp_port=${3:-19000}
     dir=$(realpath -m "$1")
+    if curl -sf "http://127.0.0.1:$http_port/ping" >/dev/null 2>&1; then
+        return 0  # already running (a test restarts a server it may have stopped)
+    fi
     install_clickhouse
     write_config "$dir" "$http_port" "$tcp_port"
     # The server drops to the owner of its data directory; the clickhouse user may not exist.

@@ -36,7 +36,7 @@ destinations:
         fields:
           - {src: /key1/key3, dst: /key4, action: move, type: varchar(256)}
           - {src: /secret, action: remove}
-          - {src: /amount, action: cast, type: numeric(12,2)}
+          - {src: /amount, action: cast, type: 'numeric(12,2)'}
           - {dst: /app, action: constant, value: shop}
     enrichment:
       - {name: ip_lookup, from: /ip, to: /geo}
@@ -181,6 +181,13 @@ def test_bad_mapping_is_a_config_error(tmp_path: Path) -> None:
         "destinations: {d: {type: duckdb, data_layout: {mappings: {fields: [{src: /a, action: cast}]}}}}\n"
     )
     with pytest.raises(ConfigError, match=r"destinations\.d\.data_layout\.mappings: "):
+        load_config(write(tmp_path, text), env={})
+
+
+def test_unquoted_type_in_yaml_flow_mapping_is_explained(tmp_path: Path) -> None:
+    # In a YAML flow mapping the comma of numeric(12,2) ends the value: the error says so.
+    text = "destinations: {d: {type: duckdb, data_layout: {mappings: {fields: [{src: /a, action: cast, type: numeric(12,2)}]}}}}\n"
+    with pytest.raises(ConfigError, match=r"quote it"):
         load_config(write(tmp_path, text), env={})
 
 

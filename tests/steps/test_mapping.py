@@ -98,7 +98,16 @@ def test_yaml_dates_become_json_strings() -> None:
         {"dst": "/aware", "action": "constant", "value": datetime(2021, 1, 2, tzinfo=UTC)},
     ]
     mapped, _ = Mapper.build(True, rules).apply({})
-    assert mapped == {"at": "2021-01-02T03:04:05Z", "day": "2021-01-02", "aware": "2021-01-02T00:00:00Z"}
+    assert mapped == {
+        "at": "2021-01-02T03:04:05.000000Z",
+        "day": "2021-01-02",
+        "aware": "2021-01-02T00:00:00.000000Z",
+    }
+
+
+def test_constants_keep_json_numbers_of_any_size() -> None:
+    rules = [{"dst": "/big", "action": "constant", "value": [2**70, {1: -(2**64)}]}]
+    assert Mapper.build(True, rules).apply({})[0] == {"big": [2**70, {"1": -(2**64)}]}
 
 
 def test_casts_are_keyed_by_flattened_sanitised_names() -> None:
@@ -155,6 +164,7 @@ def test_action_is_case_insensitive() -> None:
         ({"src": "/a", "action": "cast", "type": "numeric(12,2"}, "does not look like an SQL type"),
         ({"src": "/a", "action": "cast", "type": "  "}, "type must be"),
         ({"dst": "/a", "action": "constant", "value": object()}, "not JSON data"),
+        ({"dst": "/a", "action": "constant", "value": [float("nan")]}, "not a JSON number"),
         ("remove /a", "must be an object"),
     ],
 )

@@ -102,6 +102,8 @@ class ChunkBuffer:
                 elif current is not found:
                     types[name] = promote(current, found)
                     self.mixed.add(name)
+                if found is DataType.STRING and type(value) is not str:
+                    self.mixed.add(name)  # a structure a mapping constant put there: staged as JSON text
                 continue
             if error is not None:
                 return error

@@ -215,7 +215,7 @@ class BatchJob:
             return process_partition(plan, context.partitionId() if context else 0, batches)
 
         collected = _Collected()
-        for row in frame.mapInArrow(task, SUMMARY_SCHEMA).toLocalIterator():
+        for row in frame.mapInArrow(task, SUMMARY_SCHEMA).collect():
             _fold(collected, row)
         return collected
 

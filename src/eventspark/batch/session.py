@@ -8,6 +8,7 @@ checked with a message that says what to install.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -121,6 +122,8 @@ def _build(config: SparkConfig) -> SparkSession:
         from pyspark.sql import SparkSession
     except ModuleNotFoundError as exc:
         raise SparkSetupError("pyspark is not installed: pip install pyspark") from exc
+    # py4j logs every gateway call at DEBUG, which drowns `--verbose` output.
+    logging.getLogger("py4j").setLevel(max(logging.INFO, logging.getLogger("py4j").getEffectiveLevel()))
     builder = SparkSession.builder.master(config.master).appName(config.app_name)
     for name, value in {**DEFAULT_CONF, **config.conf}.items():
         builder = builder.config(name, value)

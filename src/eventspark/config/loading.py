@@ -155,9 +155,8 @@ def check_steps(config: Config) -> None:
         except TemplateSyntaxError as exc:
             raise ConfigError(f"{where}.table_name_template: {exc}") from None
         if layout.mappings is not None:
-            fields = [f.model_dump(exclude_none=True) for f in layout.mappings.fields]
             try:
-                Mapper.build(layout.mappings.keep_unmapped, fields)
+                Mapper.build(layout.mappings.keep_unmapped, layout.mappings.rules())
             except MappingError as exc:
                 raise ConfigError(f"{where}.mappings: {exc}") from None
         for token in dest.only_tokens or ():

@@ -92,6 +92,10 @@ class Mappings(Section):
     keep_unmapped: bool = True
     fields: list[MappingField] = Field(default_factory=list)
 
+    def rules(self) -> list[dict[str, Any]]:
+        """The rules in the plain form `steps.mapping.Mapper.build` takes."""
+        return [f.model_dump(exclude_none=True, exclude=set(f.model_extra or ())) for f in self.fields]
+
 
 class DataLayout(Section):
     table_name_template: str = "events"

@@ -13,7 +13,7 @@ from eventspark.destinations.base import DestinationAdapter, DestinationError, T
 
 __all__ = ["DestinationAdapter", "DestinationError", "TerminalError", "TransientError", "build_destination"]
 
-BATCH_TYPES = frozenset({"postgres", "duckdb"})
+BATCH_TYPES = frozenset({"postgres", "duckdb", "clickhouse", "mysql"})
 """Destination types the batch job can load so far."""
 
 
@@ -33,4 +33,12 @@ def build_destination(dest_id: str, dest: Any, events_dir: Path) -> DestinationA
         path = Path(dest.duckdb.path)
         path = path if path.is_absolute() else events_dir / path
         return DuckDBAdapter(dest_id, path, dest.duckdb.schema_ or "main", events_dir / "staging")
+    if dest.type == "clickhouse":
+        from eventspark.destinations.clickhouse.adapter import ClickHouseAdapter
+
+        return ClickHouseAdapter(dest_id, dest)
+    if dest.type == "mysql":
+        from eventspark.destinations.mysql.adapter import MySQLAdapter
+
+        return MySQLAdapter(dest_id, dest)
     raise TerminalError(f"destination {dest_id!r}: type {dest.type!r} has no batch loader yet")

@@ -15,7 +15,7 @@ from eventspark.steps.flatten import flatten
 from eventspark.steps.lookup import GeoResolver, LookupEnricher, UserAgentParser
 from eventspark.steps.mapping import Mapper
 from eventspark.steps.template import TableNameTemplate, TemplateEvalError, compile_template
-from eventspark.steps.typing import BatchHeader, field_for, infer_type, promote
+from eventspark.steps.typing import BatchHeader
 
 
 @dataclass(slots=True)
@@ -65,10 +65,7 @@ class DestinationChain:
         layout = destination.data_layout
         rules = [(rule.name, rule.from_, rule.to) for rule in destination.enrichment]
         mappings = layout.mappings
-        if mappings is None:
-            mapper = Mapper.build()
-        else:
-            mapper = Mapper.build(mappings.keep_unmapped, [f.model_dump(exclude_none=True) for f in mappings.fields])
+        mapper = Mapper.build() if mappings is None else Mapper.build(mappings.keep_unmapped, mappings.rules())
         template = compile_template(layout.table_name_template)
         return cls(destination_id, template, LookupEnricher(rules, geo, ua), mapper)
 
@@ -88,35 +85,21 @@ class DestinationChain:
 class HeaderBuilder:
     """Accumulates the BatchHeader of each table from rows, promoting types as they meet."""
 
-    __slots__ = ("_fixed", "headers")
+    __slots__ = ("headers",)
 
     def __init__(self) -> None:
         self.headers: dict[str, BatchHeader] = {}
-        # Per table, the columns whose type is decided by a cast or by name, not by their values.
-        self._fixed: dict[str, set[str]] = {}
 
     def add(self, row: Row) -> None:
         header = self.headers.get(row.table)
         if header is None:
             header = self.headers[row.table] = BatchHeader(row.table)
-            self._fixed[row.table] = set()
-        fields, fixed, casts = header.fields, self._fixed[row.table], row.casts
-        for name, value in row.values.items():
-            current = fields.get(name)
-            if current is None:
-                fields[name], is_fixed = field_for(name, value, casts)
-                if is_fixed:
-                    fixed.add(name)
-            elif name not in fixed:
-                found = infer_type(value)
-                if found is not current.type:
-                    current.type = promote(current.type, found)
+        header.add_row(row.values, row.casts)
 
     def merge(self, other: HeaderBuilder) -> None:
         for table, header in other.headers.items():
             mine = self.headers.get(table)
             if mine is None:
                 self.headers[table] = header
-                self._fixed[table] = other._fixed[table]
             else:
                 mine.merge(header)

@@ -23,15 +23,16 @@ the input, so treat both as read-only.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import date, datetime
 from typing import Any
-
-import orjson
 
 from eventspark.steps.flatten import column_name
 from eventspark.steps.paths import MISSING, Path, get_path, parse_path
+from eventspark.steps.typing import format_timestamp
 
 ACTIONS = ("move", "remove", "cast", "constant")
 _RULE_KEYS = frozenset({"src", "dst", "action", "type", "value"})
@@ -217,11 +218,21 @@ def _parse_type(where: str, sql_type: object) -> str | None:
 
 
 def _json_value(where: str, value: object) -> Any:
-    # YAML gives dates and datetimes where JSON would have strings: store what JSON would,
-    # RFC 3339 in UTC for datetimes, so typing and serialising treat constants like event data.
-    options = orjson.OPT_NON_STR_KEYS | orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z
-    try:
-        encoded = orjson.dumps(value, option=options)
-    except TypeError as exc:
-        raise MappingError(f"{where}: value is not JSON data ({exc})") from exc
-    return orjson.loads(encoded)
+    """The constant as JSON data: YAML gives dates and datetimes where JSON has strings, so they
+    become strings (RFC 3339 in UTC for datetimes, like ``_timestamp``) and typing and serialising
+    treat constants like event data."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise MappingError(f"{where}: value {value!r} is not a JSON number")
+        return value
+    if isinstance(value, datetime):
+        return format_timestamp(value)
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, list | tuple):
+        return [_json_value(where, item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): _json_value(where, item) for key, item in value.items()}
+    raise MappingError(f"{where}: value {value!r} is not JSON data")

@@ -435,16 +435,18 @@ class QueueReader:
             part.seq, part.position = part.acked
 
     def pending_bytes(self) -> int:
-        """Bytes in segments at or after the read position (an estimate of the backlog)."""
+        """Bytes not acknowledged yet (records, their frames, unreadable tails); safe to call from
+        another thread than the reading one."""
+        acked = {p.writer: p.acked for p in list(self._partitions.values())}
         total = 0
         for writer, seqs in _segments(self.path).items():
-            part = self._partitions.get(writer)
+            seq_acked, position = acked.get(writer, (seqs[0], 0))
             for seq in seqs:
-                if part is not None and seq < part.seq:
+                if seq < seq_acked:
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     size = os.stat(self.path / segment_name(writer, seq)).st_size
-                    start = part.position if part is not None and seq == part.seq else len(MAGIC)
+                    start = max(position, len(MAGIC)) if seq == seq_acked else len(MAGIC)
                     total += max(0, size - start)
         return total
 

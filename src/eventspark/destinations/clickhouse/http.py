@@ -30,7 +30,7 @@ CLIENT_OPTIONS = frozenset({"timeout", "tls_config", "read_timeout", "write_time
 TRANSIENT_CODES = frozenset(
     {
         159,  # TIMEOUT_EXCEEDED
-        164 + 45,  # 209 SOCKET_TIMEOUT
+        209,  # SOCKET_TIMEOUT
         210,  # NETWORK_ERROR
         202,  # TOO_MANY_SIMULTANEOUS_QUERIES
         203,  # NO_FREE_CONNECTION
@@ -45,6 +45,7 @@ TRANSIENT_CODES = frozenset(
         999,  # KEEPER_EXCEPTION
     }
 )
+_JSON_NUMBERS = {"output_format_json_quote_64bit_integers": "0"}
 _CODE = re.compile(r"Code:\s*(\d+)")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -72,7 +73,9 @@ def parse_dsn(dsn: str, tls: Mapping[str, str] | None = None) -> Endpoint:
     """An Endpoint from an EventNative ClickHouse DSN; TerminalError when it is not one."""
     parts = urlsplit(dsn)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise TerminalError(f"clickhouse: DSN {_redact(dsn)!r} is not http(s)://[user[:password]@]host[:port]/db")
+        raise TerminalError(
+            f"clickhouse: DSN {_redact(dsn)!r} is not http(s)://[user[:password]@]host[:port]/db"
+        )
     try:
         port = parts.port or (8443 if parts.scheme == "https" else 8123)
     except ValueError as exc:
@@ -106,16 +109,26 @@ def _redact(dsn: str) -> str:
 
 @dataclass(slots=True)
 class Client:
-    """One keep-alive HTTP connection to one server; reconnects after a failure."""
+    """One keep-alive HTTP connection to one server; reconnects after a failure. Statements name
+    their tables with the database, so no default database is sent."""
 
     endpoint: Endpoint
-    database: str = "default"
     _conn: http.client.HTTPConnection | None = field(default=None, repr=False)
 
-    def execute(self, sql: str, data: bytes | None = None, doing: str = "running a statement") -> bytes:
-        """Runs `sql`; with `data`, `sql` is an `INSERT ... FORMAT ...` and `data` its rows."""
+    def execute(
+        self,
+        sql: str,
+        data: bytes | None = None,
+        doing: str = "running a statement",
+        settings: Mapping[str, str] | None = None,
+    ) -> bytes:
+        """Runs `sql`; with `data`, `sql` is an `INSERT ... FORMAT ...` and `data` its rows.
+
+        `wait_end_of_query` makes the server buffer the answer, so an error in the middle of a
+        statement still arrives as an error status rather than after a 200 header."""
         params = dict(self.endpoint.settings)
-        params.update(database=self.database, wait_end_of_query="1")
+        params.update(settings or {})
+        params["wait_end_of_query"] = "1"
         if data is None:
             body = sql.encode()
         else:
@@ -125,15 +138,16 @@ class Client:
 
     def rows(self, sql: str, doing: str = "reading") -> list[list[Any]]:
         """The rows of a SELECT, values as JSON gives them (numbers, strings, None)."""
-        text = self.execute(
-            f"{sql} FORMAT JSONCompact SETTINGS output_format_json_quote_64bit_integers = 0", doing=doing
-        )
+        text = self.execute(f"{sql} FORMAT JSONCompact", doing=doing, settings=_JSON_NUMBERS)
         data: list[list[Any]] = orjson.loads(text)["data"]
         return data
 
     def _post(self, path: str, body: bytes, doing: str) -> bytes:
         credentials = f"{self.endpoint.user}:{self.endpoint.password}".encode()
-        headers = {"Authorization": "Basic " + base64.b64encode(credentials).decode(), "Connection": "keep-alive"}
+        headers = {
+            "Authorization": "Basic " + base64.b64encode(credentials).decode(),
+            "Connection": "keep-alive",
+        }
         try:
             conn = self._connection()
             conn.request("POST", path, body, headers)
@@ -151,7 +165,9 @@ class Client:
             ep = self.endpoint
             if ep.scheme == "https":
                 context = ssl.create_default_context(cafile=ep.ca_file)
-                self._conn = http.client.HTTPSConnection(ep.host, ep.port, timeout=ep.timeout, context=context)
+                self._conn = http.client.HTTPSConnection(
+                    ep.host, ep.port, timeout=ep.timeout, context=context
+                )
             else:
                 self._conn = http.client.HTTPConnection(ep.host, ep.port, timeout=ep.timeout)
         return self._conn

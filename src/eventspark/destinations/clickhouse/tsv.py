@@ -28,9 +28,7 @@ def escape(text: str) -> str:
 
 def _text(values: list[Any]) -> list[str]:
     search = _SPECIAL.search
-    return [
-        NULL if v is None else (v if search(v) is None else v.translate(_ESCAPES)) for v in values
-    ]
+    return [NULL if v is None else (v if search(v) is None else v.translate(_ESCAPES)) for v in values]
 
 
 def _number(values: list[Any]) -> list[str]:

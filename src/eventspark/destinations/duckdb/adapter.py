@@ -23,7 +23,7 @@ from eventspark.destinations.base import (
     TransientError,
 )
 from eventspark.destinations.duckdb.dialect import DIALECT
-from eventspark.destinations.load_sql import insert_select
+from eventspark.destinations.load_sql import cast_expr, insert_select
 from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType, coerce
 
@@ -227,21 +227,78 @@ class DuckDBAdapter(DestinationAdapter):
         shutil.rmtree(self.staging_dir / job_id / self.dest_id, ignore_errors=True)
 
     def insert(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+        """One `INSERT ... SELECT` over `unnest`ed text lists per set of columns, all in one
+        transaction: values travel as text and are cast to the column types (see `_insert_groups`)."""
+        groups = _insert_groups(table, rows)
         conn = self._connection()
-        with translated_errors(f"inserting into {table.name!r}"):
-            for row in rows:
-                names = ", ".join(self._q(c) for c in row)
-                values = ", ".join(f"CAST(? AS {table.columns[c]})" for c in row)
-                statement = f"INSERT INTO {self._name(table.name)} ({names}) VALUES ({values})"
-                if table.primary_keys:
-                    statement += f" ON CONFLICT ({', '.join(self._q(k) for k in table.primary_keys)}) DO "
-                    updates = [
-                        f"{self._q(c)} = EXCLUDED.{self._q(c)}" for c in row if c not in table.primary_keys
-                    ]
-                    statement += f"UPDATE SET {', '.join(updates)}" if updates else "NOTHING"
-                conn.execute(statement, list(row.values()))
+        with translated_errors(f"inserting {len(rows)} rows into {table.name!r}"):
+            conn.execute("BEGIN")
+            try:
+                for columns, arrays in groups:
+                    conn.execute(self._insert_statement(table, columns), arrays)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def _insert_statement(self, table: Table, columns: list[str]) -> str:
+        names = ", ".join(self._q(c) for c in columns)
+        values = ", ".join(
+            cast_expr(f"u.c{i}", DataType.STRING, table.columns[c]) for i, c in enumerate(columns)
+        )
+        lists = ", ".join(f"unnest(?::VARCHAR[]) AS c{i}" for i in range(len(columns)))
+        statement = (
+            f"INSERT INTO {self._name(table.name)} ({names}) SELECT {values} FROM (SELECT {lists}) AS u"
+        )
+        if table.primary_keys:
+            statement += f" ON CONFLICT ({', '.join(self._q(k) for k in table.primary_keys)}) DO "
+            updates = [
+                f"{self._q(c)} = EXCLUDED.{self._q(c)}" for c in columns if c not in table.primary_keys
+            ]
+            statement += f"UPDATE SET {', '.join(updates)}" if updates else "NOTHING"
+        return statement
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+# --- stream inserts: rows as text column lists ----------------------------------------------------
+
+
+def _insert_groups(
+    table: Table, rows: Sequence[Mapping[str, Any]]
+) -> list[tuple[list[str], list[list[str | None]]]]:
+    """(columns, one text list per column) groups of `rows`.
+
+    Without a primary key, one group over every column any row has (absent values are NULL).
+    With one, only the last row of each key is kept (an upsert cannot touch a row twice), grouped
+    by column set so that updating a row changes only the columns it has, as one INSERT per row would.
+    """
+    if table.primary_keys:
+        keys = table.primary_keys
+        last = {tuple(row.get(k) for k in keys): row for row in rows}
+        by_columns: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
+        for row in last.values():
+            by_columns.setdefault(tuple(row), []).append(row)
+        groups = list(by_columns.items())
+    else:
+        columns = tuple(dict.fromkeys(c for row in rows for c in row))
+        groups = [(columns, list(rows))] if rows else []
+    out = []
+    for columns, group in groups:
+        missing = [c for c in columns if c not in table.columns]
+        if missing:
+            raise TerminalError(f"duckdb: table {table.name!r} has no column {missing[0]!r}")
+        out.append((list(columns), [[_sql_text(row.get(c)) for row in group] for c in columns]))
+    return out
+
+
+def _sql_text(value: Any) -> str | None:
+    """A value as the text the warehouse casts to the column type (datetimes print as ISO 8601)."""
+    if value is None or type(value) is str:
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,357 @@
+"""ClickHouse adapter over the HTTP interface (18.16 to current releases).
+
+Batch: each executor chunk becomes its own `Log` staging table, written with one
+`INSERT ... FORMAT TabSeparated` (50,000 rows by default). The driver commits a pair in three
+statements: the chunks are cast into a *prepared* table of the target's exact types (a bad value
+fails here, before the target is touched), copied into the target with one `INSERT ... SELECT`,
+then one marker row per source file is written.
+
+ClickHouse has no transactions, so the guarantee is this: a failed cast leaves the target
+unchanged; a crash or a lost connection after the copy started and before the marker was written
+makes the rerun insert the pair's events again, and those copies carry the same ORDER BY key
+(`eventn_ctx_event_id` by default), which ReplacingMergeTree collapses into one row when parts
+merge. Queries see every event exactly once with `FINAL` or after `OPTIMIZE TABLE ... FINAL`.
+A table whose engine keeps duplicates (a custom `raw_statement`, or no event id column) gets
+at-least-once in that window. Stream mode appends rows the same way (no upsert before merges).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eventspark.config.models import ClickHouseConfig, ClickHouseDestination
+from eventspark.destinations.base import (
+    LOADS_TABLE,
+    STAGE_PREFIX,
+    Capabilities,
+    DestinationAdapter,
+    DestinationError,
+    Load,
+    StagedChunk,
+    TerminalError,
+    TransientError,
+)
+from eventspark.destinations.clickhouse import rows as row_text
+from eventspark.destinations.clickhouse.ddl import (
+    DIST_PREFIX,
+    KeyField,
+    Layout,
+    add_column_statements,
+    create_statements,
+    literal,
+    quote,
+)
+from eventspark.destinations.clickhouse.dialect import DIALECT
+from eventspark.destinations.clickhouse.http import Client, Endpoint, error_code, parse_dsn
+from eventspark.destinations.clickhouse.load import data_type_of, load_columns, prepare_select
+from eventspark.destinations.clickhouse.tsv import STAGE_ENCODERS, encode_rows
+from eventspark.steps.diff import Table, TablePatch
+from eventspark.steps.typing import DataType
+
+log = logging.getLogger(__name__)
+
+STAGE_TYPES: dict[DataType, str] = {
+    DataType.BOOL: "Nullable(UInt8)",
+    DataType.INT64: "Nullable(Int64)",
+    DataType.FLOAT64: "Nullable(Float64)",
+    DataType.TIMESTAMP: "Nullable(String)",
+    DataType.STRING: "Nullable(String)",
+}
+DUPLICATE_COLUMN = 44
+_TSV_INSERT = "INSERT INTO {} ({}) FORMAT TabSeparated"
+
+
+def layout_of(config: ClickHouseConfig) -> Layout:
+    """The destination's `clickhouse` block as a Layout; TerminalError for a bad key function."""
+    engine = config.engine
+    layout = Layout(
+        db=config.db,
+        cluster=config.cluster or None,
+        raw_statement=engine.raw_statement,
+        nullable_fields=frozenset(engine.nullable_fields),
+        partition_fields=tuple(KeyField(f.field, f.function) for f in engine.partition_fields),
+        order_fields=tuple(KeyField(f.field, f.function) for f in engine.order_fields),
+        primary_keys=tuple(engine.primary_keys),
+    )
+    try:
+        for key in (*layout.partition_fields, *layout.order_fields):
+            key.sql()
+    except ValueError as exc:
+        raise TerminalError(str(exc)) from exc
+    return layout
+
+
+def _insert_sql(name: str, columns: Iterable[str]) -> str:
+    return _TSV_INSERT.format(name, ", ".join(quote(c) for c in columns))
+
+
+@dataclass(frozen=True, slots=True)
+class ClickHouseStageTarget:
+    """Picklable: the server (the one the driver uses) and database where a job stages."""
+
+    endpoint: Endpoint
+    db: str
+    job_id: str
+
+    def open(self) -> ClickHouseStageWriter:
+        return ClickHouseStageWriter(self)
+
+
+class ClickHouseStageWriter:
+    """One HTTP connection per executor task; each chunk becomes its own Log table."""
+
+    def __init__(self, target: ClickHouseStageTarget) -> None:
+        self._target = target
+        self._client = Client(target.endpoint)
+
+    def write(self, columns: Mapping[str, DataType], rows: Sequence[Sequence[Any]]) -> StagedChunk:
+        ref = f"{STAGE_PREFIX}{self._target.job_id}_{uuid.uuid4().hex[:16]}"
+        name = f"{quote(self._target.db)}.{quote(ref)}"
+        defs = ", ".join(f"{quote(c)} {STAGE_TYPES[t]}" for c, t in columns.items())
+        body = encode_rows(rows, [STAGE_ENCODERS[t] for t in columns.values()])
+        doing = f"staging {len(rows)} rows"
+        self._client.execute(f"CREATE TABLE {name} ({defs}) ENGINE = Log", doing=doing)
+        self._client.execute(_insert_sql(name, columns), body, doing=doing)
+        return StagedChunk(ref, dict(columns), len(rows))
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class ClickHouseAdapter(DestinationAdapter):
+    """A ClickHouse database (created when missing), reached through the first DSN that answers."""
+
+    dialect = DIALECT
+    capabilities = Capabilities(upsert=False, stage_in_warehouse=True)
+
+    def __init__(self, dest_id: str, dest: ClickHouseDestination) -> None:
+        config = dest.clickhouse
+        self.dest_id = dest_id
+        self.endpoints = [parse_dsn(dsn, config.tls) for dsn in config.dsns]
+        self.layout = layout_of(config)
+        self.schema = config.db
+        self._client: Client | None = None
+
+    def _connection(self) -> Client:
+        if self._client is None:
+            error: DestinationError = TransientError("clickhouse: no DSN configured")
+            for endpoint in self.endpoints:
+                client = Client(endpoint)
+                try:
+                    self._prepare(client)
+                except TransientError as exc:
+                    client.close()
+                    error = exc
+                    continue
+                self._client = client
+                break
+            else:
+                raise error
+        return self._client
+
+    def _prepare(self, client: Client) -> None:
+        layout = self.layout
+        client.execute(
+            f"CREATE DATABASE IF NOT EXISTS {quote(layout.db)}{layout.on_cluster()}", doing="connecting"
+        )
+        engine = "ReplacingMergeTree()"
+        if layout.cluster:
+            path = f"/clickhouse/tables/{{shard}}/{layout.db}/{LOADS_TABLE}"
+            engine = f"ReplicatedReplacingMergeTree({literal(path)}, '{{replica}}')"
+        client.execute(
+            f"CREATE TABLE IF NOT EXISTS {self._name(LOADS_TABLE)}{layout.on_cluster()} (dest_id String, "
+            f"file String, table_name String, loaded_at DateTime DEFAULT now()) ENGINE = {engine} "
+            "ORDER BY (dest_id, file, table_name)",
+            doing="connecting",
+        )
+
+    def _name(self, table: str) -> str:
+        return self.layout.name(table)
+
+    def data_type_of(self, sql_type: str) -> DataType | None:
+        return data_type_of(sql_type)
+
+    # --- tables -------------------------------------------------------------------------------
+
+    def read_tables(self) -> dict[str, Table]:
+        return self._read(None)
+
+    def read_table(self, name: str) -> Table | None:
+        return self._read(name).get(name)
+
+    def _read(self, name: str | None) -> dict[str, Table]:
+        client = self._connection()
+        where = f"database = {literal(self.layout.db)}"
+        columns = client.rows(
+            f"SELECT table, name, type FROM system.columns WHERE {where}"
+            + (f" AND table = {literal(name)}" if name is not None else ""),
+            doing="reading tables",
+        )
+        keys = client.rows(
+            f"SELECT name, sorting_key FROM system.tables WHERE {where}"
+            + (f" AND name = {literal(name)}" if name is not None else ""),
+            doing="reading tables",
+        )
+        tables: dict[str, Table] = {}
+        for table, column, sql_type in columns:
+            if self._is_own(table):
+                tables.setdefault(table, Table(table)).columns[column] = sql_type
+        for table, sorting_key in keys:
+            if table in tables:
+                tables[table].primary_keys = key_columns(sorting_key)
+        return tables
+
+    def _is_own(self, table: str) -> bool:
+        """False for eventspark's stage and marker tables and, with a cluster, Distributed tables."""
+        if table.startswith(STAGE_PREFIX) or table == LOADS_TABLE:
+            return False
+        return not (self.layout.cluster and table.startswith(DIST_PREFIX))
+
+    def patch(self, patch: TablePatch) -> None:
+        client = self._connection()
+        doing = f"patching table {patch.table!r}"
+        if patch.create:
+            for statement in create_statements(
+                self.layout, patch.table, patch.add_columns, patch.primary_keys or ()
+            ):
+                client.execute(statement, doing=doing)
+            return
+        if patch.primary_keys is not None:
+            current = self.read_table(patch.table)
+            have = current.primary_keys if current is not None else ()
+            raise TerminalError(
+                f"clickhouse: {doing}: the ORDER BY key of an existing table cannot change "
+                f"(it is {list(have)}, primary_key_fields ask for {list(patch.primary_keys)})"
+            )
+        for statement in add_column_statements(self.layout, patch.table, patch.add_columns):
+            try:
+                client.execute(statement, doing=doing)
+            except TerminalError as exc:
+                # Another node added it first (18.x has no ADD COLUMN IF NOT EXISTS).
+                if error_code(exc) != DUPLICATE_COLUMN and "already exists" not in str(exc):
+                    raise
+
+    # --- batch --------------------------------------------------------------------------------
+
+    def stage_target(self, job_id: str) -> ClickHouseStageTarget:
+        return ClickHouseStageTarget(self._connection().endpoint, self.layout.db, job_id)
+
+    def commit(self, load: Load) -> None:
+        client = self._connection()
+        doing = f"loading table {load.table.name!r}"
+        if load.chunks:
+            columns = load_columns(load)
+            prepared = self._name(f"{load.chunks[0].ref}_load")
+            self._prepare_rows(client, load, columns, prepared, doing)
+            names = ", ".join(quote(c) for c in columns)
+            target = self.layout.insert_target(load.table.name)
+            client.execute(f"INSERT INTO {target} ({names}) SELECT {names} FROM {prepared}", doing=doing)
+        if load.files:
+            markers = [[load.dest_id, f, load.table.name] for f in load.files]
+            body = encode_rows(markers, [STAGE_ENCODERS[DataType.STRING]] * 3)
+            client.execute(
+                _insert_sql(self._name(LOADS_TABLE), ["dest_id", "file", "table_name"]), body, doing
+            )
+        refs = [f"{load.chunks[0].ref}_load"] if load.chunks else []
+        self._drop(client, refs + [chunk.ref for chunk in load.chunks])
+
+    def _prepare_rows(
+        self, client: Client, load: Load, columns: list[str], prepared: str, doing: str
+    ) -> None:
+        """Casts every chunk into `prepared` (the target's column types); drops it on failure."""
+        defs = ", ".join(f"{quote(c)} {load.table.columns[c]}" for c in columns)
+        source = {chunk.ref: self._name(chunk.ref) for chunk in load.chunks}
+        select = prepare_select(load, columns, source)
+        names = ", ".join(quote(c) for c in columns)
+        client.execute(f"DROP TABLE IF EXISTS {prepared}", doing=doing)
+        client.execute(f"CREATE TABLE {prepared} ({defs}) ENGINE = Log", doing=doing)
+        try:
+            client.execute(f"INSERT INTO {prepared} ({names}) {select}", doing=doing)
+        except DestinationError:
+            self._drop(client, [prepared], qualified=True)
+            raise
+
+    def _drop(self, client: Client, tables: list[str], qualified: bool = False) -> None:
+        # After the marker is written a failed DROP loses nothing: drop_stages retries it.
+        for table in tables:
+            try:
+                client.execute(
+                    f"DROP TABLE IF EXISTS {table if qualified else self._name(table)}", doing="dropping"
+                )
+            except DestinationError as exc:
+                log.warning("clickhouse: could not drop staging table %s: %s", table, exc)
+
+    def loaded_files(self, dest_id: str, files: Iterable[str]) -> set[tuple[str, str]]:
+        wanted = list(files)
+        if not wanted:
+            return set()
+        rows = self._connection().rows(
+            f"SELECT DISTINCT file, table_name FROM {self._name(LOADS_TABLE)} "
+            f"WHERE dest_id = {literal(dest_id)} AND file IN ({', '.join(literal(f) for f in wanted)})",
+            doing="reading load markers",
+        )
+        return {(f, t) for f, t in rows}
+
+    def drop_stages(self, job_id: str) -> None:
+        prefix = f"{STAGE_PREFIX}{job_id}"
+        client = self._connection()
+        rows = client.rows(
+            f"SELECT name FROM system.tables WHERE database = {literal(self.layout.db)} "
+            f"AND substring(name, 1, {len(prefix.encode())}) = {literal(prefix)}",
+            doing="listing staging tables",
+        )
+        for (name,) in rows:
+            client.execute(f"DROP TABLE IF EXISTS {self._name(name)}", doing="dropping staging tables")
+
+    # --- stream -------------------------------------------------------------------------------
+
+    def insert(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Appends rows, one INSERT per set of non-NULL columns (the others get their defaults)."""
+        client = self._connection()
+        target = self.layout.insert_target(table.name)
+        doing = f"inserting into {table.name!r}"
+        for columns, group in row_text.group_by_columns(rows).items():
+            body = row_text.encode(table, columns, group, self.data_type_of)
+            client.execute(_insert_sql(target, columns), body, doing=doing, settings=row_text.SETTINGS)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def key_columns(sorting_key: str) -> tuple[str, ...]:
+    """The plain columns of a `system.tables.sorting_key` text (`a, b`, with backquoted names)."""
+    found: list[str] = []
+    for part in _split_top_level(sorting_key):
+        if part.startswith("`") and part.endswith("`") and len(part) >= 2:
+            found.append(part[1:-1].replace("\\`", "`").replace("\\\\", "\\"))
+        elif part and all(ch.isalnum() or ch == "_" for ch in part):
+            found.append(part)
+    return tuple(found)
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, quoted, current = [], 0, False, []
+    escaped = False
+    for ch in text:
+        if quoted:
+            quoted = escaped or ch != "`"
+            escaped = not escaped and ch == "\\"
+        elif ch == "`":
+            quoted = True
+        elif ch in "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(ch)
+    parts.append("".join(current).strip())
+    return [p for p in parts if p]

@@ -1,0 +1,104 @@
+"""The SQL of a ClickHouse commit: staged chunks → a prepared table of the target's exact types.
+
+Staging columns are Nullable stage types (timestamps as RFC 3339 text). Every value is cast to
+the target column's type here; for a non-nullable column a NULL becomes the type's default
+(`assumeNotNull(CAST(NULL AS Nullable(T)))`: 0, '', the zero date). Text going to a non-text
+column is cast *after* replacing NULL, because ClickHouse 18 casts unparsable text to NULL when
+the cast goes to a Nullable type but raises when it does not: a bad value must fail the load.
+"""
+
+from __future__ import annotations
+
+from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, data_type_of_sql
+from eventspark.destinations.clickhouse.ddl import base_type, quote
+from eventspark.steps.typing import DataType
+
+_TEXT_STAGES = (DataType.STRING, DataType.TIMESTAMP)
+
+
+def default_of(sql_type: str) -> str:
+    """An expression giving the default value of (non-nullable) `sql_type`."""
+    return f"assumeNotNull(CAST(NULL AS Nullable({sql_type})))"
+
+
+def value_expr(column: str, stage: DataType | None, target_sql: str, target: DataType | None) -> str:
+    """The staged `column` (quoted) of stage type `stage` (None: the chunk lacks it) as a value of
+    the target column type `target_sql`, whose DataType is `target`."""
+    inner, nullable = base_type(target_sql)
+    if stage is None:
+        return f"CAST(NULL AS Nullable({inner}))" if nullable else default_of(inner)
+    if target is DataType.TIMESTAMP and stage in _TEXT_STAGES:
+        value = f"CAST(parseDateTimeBestEffort({column}, 'UTC') AS Nullable({inner}))"
+    elif stage in _TEXT_STAGES and target is not DataType.STRING:
+        if not nullable:
+            return f"CAST(ifNull({column}, toString({default_of(inner)})) AS {inner})"
+        value = f"CAST({column} AS Nullable({inner}))"
+    elif stage is DataType.BOOL and target is DataType.STRING:
+        # As the other warehouses print booleans.
+        text = f"if(assumeNotNull({column}) = 1, 'true', 'false')"
+        value = f"CAST(if(isNull({column}), NULL, {text}) AS Nullable({inner}))"
+    else:
+        value = f"CAST({column} AS Nullable({inner}))"
+    return value if nullable else f"ifNull({value}, {default_of(inner)})"
+
+
+def load_columns(load: Load) -> list[str]:
+    """The target columns the chunks fill, in first-seen order (the order column excluded)."""
+    seen: dict[str, None] = {}
+    for chunk in load.chunks:
+        seen.update(dict.fromkeys(c for c in chunk.columns if c != ORDER_COLUMN))
+    missing = [c for c in seen if c not in load.table.columns]
+    if missing:
+        raise ValueError(f"table {load.table.name!r} has no column {missing[0]!r}; patch it before loading")
+    return list(seen)
+
+
+def prepare_select(load: Load, columns: list[str], source: dict[str, str]) -> str:
+    """SELECT of every chunk (`source`: chunk ref → qualified name) as the target's types, columns
+    named c0, c1...; with a primary key and an order column, only the last row of each key."""
+    key_columns = [f"c{columns.index(k)}" for k in load.table.primary_keys if k in columns]
+    keep_last = load.ordered and bool(key_columns)
+    branches = [_branch(load, chunk, columns, source[chunk.ref], keep_last) for chunk in load.chunks]
+    names = ", ".join(f"c{i}" for i in range(len(columns)))
+    select = f"SELECT {names} FROM ({' UNION ALL '.join(branches)})"
+    if keep_last:
+        select += f" ORDER BY seq DESC LIMIT 1 BY {', '.join(key_columns)}"
+    return select
+
+
+def _branch(load: Load, chunk: StagedChunk, columns: list[str], source: str, keep_last: bool) -> str:
+    exprs = []
+    for index, name in enumerate(columns):
+        target_sql = load.table.columns[name]
+        target = data_type_of(target_sql)
+        exprs.append(f"{value_expr(quote(name), chunk.columns.get(name), target_sql, target)} AS c{index}")
+    if keep_last:
+        seq = quote(ORDER_COLUMN) if ORDER_COLUMN in chunk.columns else "toInt64(0)"
+        exprs.append(f"ifNull({seq}, toInt64(0)) AS seq")
+    return f"SELECT {', '.join(exprs)} FROM {source}"
+
+
+_FAMILIES: dict[str, DataType] = {
+    **dict.fromkeys(["uint8", "bool", "boolean"], DataType.BOOL),
+    **dict.fromkeys(["int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"], DataType.INT64),
+    **dict.fromkeys(
+        ["float32", "float64", "decimal", "decimal32", "decimal64", "decimal128"], DataType.FLOAT64
+    ),
+    **dict.fromkeys(["string", "fixedstring"], DataType.STRING),
+    **dict.fromkeys(["datetime", "datetime64"], DataType.TIMESTAMP),
+}
+
+
+def data_type_of(sql_type: str) -> DataType | None:
+    """The DataType of a ClickHouse column type, looking through Nullable and LowCardinality."""
+    inner = sql_type.strip()
+    while True:
+        stripped, _nullable = base_type(inner)
+        if stripped.startswith("LowCardinality(") and stripped.endswith(")"):
+            stripped = stripped[len("LowCardinality(") : -1].strip()
+        if stripped == inner:
+            break
+        inner = stripped
+    family = inner.split("(", 1)[0].strip().lower()
+    found = _FAMILIES.get(family)
+    return found if found is not None else data_type_of_sql(inner)

@@ -1,0 +1,211 @@
+"""Delivering one table's rows of a micro-batch: cached schema, patching, typed insert, isolation.
+
+The table's schema is read from the warehouse on first use and cached; it is read again when the
+coordination store's version of the table differs from the cached one (another node patched it),
+and when an insert fails. Patching runs under the lock `<destination_id>_<table>` and bumps the
+table's version, like the batch load.
+
+Every value is converted to its column's type before the insert (`coerce`), so that a value that
+does not fit fails its own event with a reason naming the column. A failed insert is retried once
+with a fresh schema; if it fails again, the rows are split in halves and each half retried, down
+to single rows, so one poison event never fails its neighbours.
+
+Errors: `TransientError` and coordination errors propagate (the worker keeps the events queued and
+retries); warehouse refusals end up as per-row reasons.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from eventspark.coordination import Coordination
+from eventspark.destinations.base import DestinationAdapter, TerminalError
+from eventspark.steps.chain import HeaderBuilder, Row
+from eventspark.steps.diff import ColumnLimitError, Table, check_column_limit, diff, table_from_header
+from eventspark.steps.typing import DataType, coerce, format_timestamp
+
+log = logging.getLogger(__name__)
+
+LOCK_TIMEOUT = 120.0
+REFUSED = (TerminalError, ColumnLimitError, ValueError)
+"""What the warehouse (or the patch) refuses for these rows: retry once, then isolate."""
+
+_KIND: dict[DataType, type] = {
+    DataType.BOOL: bool,
+    DataType.INT64: int,
+    DataType.FLOAT64: float,
+    DataType.STRING: str,
+}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass(slots=True)
+class _Cached:
+    """A table as last read from the warehouse (None: missing), the version it was read at, and
+    the DataType of each column (None: a type eventspark does not check, cast by the warehouse)."""
+
+    table: Table | None
+    version: int
+    types: dict[str, DataType | None] = field(default_factory=dict)
+
+
+class TableDelivery:
+    """The tables of one stream destination."""
+
+    def __init__(
+        self,
+        dest_id: str,
+        adapter: DestinationAdapter,
+        coordination: Coordination,
+        primary_keys: Sequence[str] = (),
+        max_columns: int = 0,
+        lock_timeout: float = LOCK_TIMEOUT,
+    ) -> None:
+        self.dest_id = dest_id
+        self.adapter = adapter
+        self.coordination = coordination
+        self.primary_keys = tuple(primary_keys)
+        self.max_columns = max_columns
+        self.lock_timeout = lock_timeout
+        self._tables: dict[str, _Cached] = {}
+
+    def deliver(self, table: str, rows: list[Row]) -> list[str | None]:
+        """Loads `rows` (all for `table`); per row, None when delivered, else why it failed.
+
+        Raises TransientError or CoordinationError when the warehouse or the coordination store is
+        unreachable: nothing is decided then, the caller retries the same rows later.
+        """
+        errors: list[str | None] = [None] * len(rows)
+        everything = list(range(len(rows)))
+        try:
+            self._attempt(table, rows, everything, errors)
+            return errors
+        except REFUSED as exc:
+            log.info(
+                "%s/%s: insert of %d rows failed (%s); refreshing the schema",
+                self.dest_id,
+                table,
+                len(rows),
+                exc,
+            )
+        self.forget(table)
+        try:
+            self._attempt(table, rows, everything, errors)
+        except REFUSED as exc:
+            self._isolate(table, rows, everything, errors, exc)
+        return errors
+
+    def forget(self, table: str) -> None:
+        """Drops the cached schema: the next use reads it from the warehouse."""
+        self._tables.pop(table, None)
+
+    def _attempt(self, table: str, rows: list[Row], indices: list[int], errors: list[str | None]) -> None:
+        cached = self._target(table, [rows[i] for i in indices])
+        good: list[dict[str, Any]] = []
+        for i in indices:
+            error = self._convert(cached, rows[i].values)
+            errors[i] = error
+            if error is None:
+                good.append(rows[i].values)
+        if good:
+            assert cached.table is not None
+            self.adapter.insert(cached.table, good)
+
+    def _isolate(
+        self, table: str, rows: list[Row], indices: list[int], errors: list[str | None], exc: Exception
+    ) -> None:
+        if len(indices) == 1:
+            errors[indices[0]] = str(exc)
+            return
+        middle = len(indices) // 2
+        for half in (indices[:middle], indices[middle:]):
+            try:
+                self._attempt(table, rows, half, errors)
+            except REFUSED as half_exc:
+                self._isolate(table, rows, half, errors, half_exc)
+
+    # --- schema ---------------------------------------------------------------------------------
+
+    def _lock_name(self, table: str) -> str:
+        return f"{self.dest_id}_{table}"
+
+    def _cached(self, table: str) -> _Cached:
+        version = self.coordination.table_version(self._lock_name(table))
+        cached = self._tables.get(table)
+        if cached is None or cached.version != version:
+            cached = self._remember(table, self.adapter.read_table(table), version)
+        return cached
+
+    def _remember(self, name: str, table: Table | None, version: int) -> _Cached:
+        types = {} if table is None else {c: self.adapter.data_type_of(t) for c, t in table.columns.items()}
+        cached = self._tables[name] = _Cached(table, version, types)
+        return cached
+
+    def _target(self, table: str, rows: list[Row]) -> _Cached:
+        """The cached table when every column of `rows` is in it, else the table after patching."""
+        cached = self._cached(table)
+        current = cached.table
+        if current is not None and (
+            not self.primary_keys or set(self.primary_keys) == set(current.primary_keys)
+        ):
+            columns = current.columns
+            if all(name in columns for row in rows for name in row.values):
+                return cached
+        builder = HeaderBuilder()
+        for row in rows:
+            builder.add(row)
+        wanted = table_from_header(
+            builder.headers[table], self.adapter.dialect.column_type, self.primary_keys
+        )
+        return self._patch(table, wanted)
+
+    def _patch(self, name: str, wanted: Table) -> _Cached:
+        lock = self._lock_name(name)
+        with self.coordination.lock(lock, self.lock_timeout):
+            existing = self.adapter.read_table(name)
+            patch = diff(existing, wanted)
+            if patch.is_empty:
+                return self._remember(name, existing, self.coordination.table_version(lock))
+            check_column_limit(existing, patch, self.max_columns)
+            self.adapter.patch(patch)
+            version = self.coordination.bump_table_version(lock)
+            after = self.adapter.read_table(name)
+        if after is None:
+            raise TerminalError(f"table {name!r} is missing right after it was patched")
+        log.info("%s/%s: patched (%s)", self.dest_id, name, _describe(patch.create, patch.add_columns))
+        return self._remember(name, after, version)
+
+    # --- values ---------------------------------------------------------------------------------
+
+    def _convert(self, cached: _Cached, values: dict[str, Any]) -> str | None:
+        """Converts `values` in place to the types of their columns; the reason when one does not fit."""
+        for key in self.primary_keys:
+            if values.get(key) is None:
+                return f"primary key field {key!r} is missing"
+        types = cached.types
+        for name, value in values.items():
+            if value is None:
+                continue
+            if name not in types:
+                return f"table {cached.table.name if cached.table else '?'!r} has no column {name!r}"
+            target = types[name]
+            if target is None:
+                continue  # json, uuid...: the warehouse casts the text
+            kind = _KIND.get(target)
+            if type(value) is kind and (kind is not int or _INT64_MIN <= value <= _INT64_MAX):
+                continue
+            try:
+                converted = coerce(value, target)
+            except ValueError as exc:
+                return f"column {name!r}: {exc}"
+            # Timestamps go as RFC 3339 in UTC: exact whatever the column's time zone handling.
+            values[name] = format_timestamp(converted) if target is DataType.TIMESTAMP else converted  # type: ignore[arg-type]
+        return None
+
+
+def _describe(create: bool, columns: dict[str, str]) -> str:
+    names = ", ".join(sorted(columns)[:10]) + (", ..." if len(columns) > 10 else "")
+    return f"created with {len(columns)} columns" if create else f"added {names}"

@@ -1,0 +1,105 @@
+"""The stream workers of `eventspark serve`: one thread per `mode: stream` destination.
+
+`StreamWorkers(loaded).start()` builds, for each stream destination, its adapter, step chain,
+queue reader (`<log.path>/queue.dst=<id>/`), streaming archive and failed log, and starts its
+worker thread; `stop()` lets each finish the batch in progress. Start it in the process that
+serves (after forking collector workers, if any: a fork must not copy running threads).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from eventspark.config import LoadedConfig
+from eventspark.config.models import Destination
+from eventspark.coordination import Coordination, build_coordination
+from eventspark.destinations import build_destination
+from eventspark.steps.chain import DestinationChain
+from eventspark.steps.lookup import GeoResolver, UserAgentParser
+from eventspark.stream.archive import StreamArchive
+from eventspark.stream.delivery import TableDelivery
+from eventspark.stream.queue import QueueReader, queue_dir
+from eventspark.stream.worker import StreamSettings, StreamWorker
+
+log = logging.getLogger(__name__)
+
+STREAM_TYPES = frozenset({"postgres", "duckdb"})
+"""Destination types with a stream insert so far."""
+
+
+class StreamWorkers:
+    """Every stream worker of one node. Constructing it does no I/O."""
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        coordination: Coordination | None = None,
+        settings: StreamSettings | None = None,
+    ) -> None:
+        self.config = loaded.config
+        self.settings = settings or StreamSettings.from_config(getattr(self.config, "stream", None))
+        self._own_coordination = coordination is None
+        self.coordination = coordination or build_coordination(
+            self.config.coordination, self.config.server.name
+        )
+        self.workers: dict[str, StreamWorker] = {}
+
+    @property
+    def destination_ids(self) -> list[str]:
+        """The stream destinations of the config that this node can serve."""
+        found = []
+        for dest_id, dest in self.config.destinations.items():
+            if dest.mode != "stream":
+                continue
+            if dest.type not in STREAM_TYPES:
+                log.error(
+                    "destination %s: stream mode is not available for %s yet; events stay queued",
+                    dest_id,
+                    dest.type,
+                )
+                continue
+            found.append(dest_id)
+        return found
+
+    def start(self) -> None:
+        """Builds and starts a worker per stream destination (idempotent)."""
+        for dest_id in self.destination_ids:
+            if dest_id not in self.workers:
+                worker = self.workers[dest_id] = self.build(dest_id, self.config.destinations[dest_id])
+                worker.start()
+        if self.workers:
+            log.info("stream workers started: %s", ", ".join(sorted(self.workers)))
+
+    def build(self, dest_id: str, dest: Destination) -> StreamWorker:
+        """The worker of one destination, not started."""
+        events_dir = Path(self.config.log.path)
+        adapter = build_destination(dest_id, dest, events_dir)
+        layout = dest.data_layout
+        delivery = TableDelivery(
+            dest_id,
+            adapter,
+            self.coordination,
+            layout.primary_key_fields,
+            layout.max_columns or self.config.server.max_columns,
+        )
+        # Lookup caches are not shared between threads: each worker has its own resolvers.
+        geo = GeoResolver.open(self.config.geo.maxmind_path)
+        chain = DestinationChain.build(dest_id, dest, geo, UserAgentParser())
+        reader = QueueReader(
+            queue_dir(events_dir, dest_id),
+            poll_interval=self.settings.poll_ms / 1000,
+            fsync=self.config.server.fsync,
+        )
+        archive = StreamArchive(events_dir / "archive", dest_id)
+        return StreamWorker(dest_id, chain, reader, delivery, archive, events_dir / "failed", self.settings)
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stops every worker after its batch in progress; unacknowledged events stay queued."""
+        for worker in self.workers.values():
+            worker.request_stop()  # all at once: a worker waiting to retry must not delay the others
+        for worker in self.workers.values():
+            worker.stop(timeout)
+        self.workers.clear()
+        if self._own_coordination:
+            self.coordination.close()

@@ -1,0 +1,310 @@
+"""The ClickHouse adapter: the shared contract and ClickHouse's own semantics on a real server
+(Debian's 18.16, started by the `clickhouse_server` fixture), plus the DDL text of cluster mode."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from eventspark.config.models import ClickHouseDestination
+from eventspark.destinations import build_destination
+from eventspark.destinations.base import ORDER_COLUMN, Load, TerminalError, TransientError
+from eventspark.destinations.clickhouse.adapter import ClickHouseAdapter, key_columns
+from eventspark.destinations.clickhouse.ddl import add_column_statements, create_statements
+from eventspark.destinations.clickhouse.http import Client, _server_error, parse_dsn
+from eventspark.destinations.clickhouse.load import data_type_of
+from eventspark.steps.diff import TablePatch
+from eventspark.steps.typing import DataType
+from tests.destinations.conftest import ClickHouseServer
+from tests.destinations.contract import AdapterContract
+
+B, I, F, T, S = DataType.BOOL, DataType.INT64, DataType.FLOAT64, DataType.TIMESTAMP, DataType.STRING
+EVENT_COLUMNS = {"_timestamp": T, "eventn_ctx_event_id": S}
+
+
+def destination(dsn: str, db: str, **clickhouse: Any) -> ClickHouseDestination:
+    block = {"dsns": [dsn], "db": db, **clickhouse}
+    return ClickHouseDestination.model_validate({"type": "clickhouse", "clickhouse": block})
+
+
+def layout(**clickhouse: Any) -> Any:
+    from eventspark.destinations.clickhouse.adapter import layout_of
+
+    return layout_of(destination("http://h:8123/db", "db", **clickhouse).clickhouse)
+
+
+class TestClickHouseAdapter(AdapterContract):
+    @pytest.fixture
+    def adapter(self, clickhouse_server: ClickHouseServer, clickhouse_db: str) -> Iterator[ClickHouseAdapter]:
+        self.server = clickhouse_server
+        adapter = ClickHouseAdapter("ch", destination(clickhouse_server.url, clickhouse_db))
+        yield adapter
+        adapter.close()
+
+    def query(self, adapter: Any, sql: str) -> list[tuple[Any, ...]]:
+        """Rows of `sql` after merging every table: what the adapter promises holds after
+        `OPTIMIZE TABLE ... FINAL`."""
+        db = adapter.layout.db
+        tables = self.server.query(
+            f"SELECT name FROM system.tables WHERE database = '{db}' AND engine LIKE '%MergeTree'"
+        )
+        for (table,) in tables:
+            self.server.query(f"OPTIMIZE TABLE {adapter.dialect.quote(db)}.{adapter.dialect.quote(table)} FINAL")
+        return [tuple(row) for row in self.server.query(sql)]
+
+    def test_commit_casts_promoted_chunks_and_records_markers(self, adapter: ClickHouseAdapter) -> None:
+        # ClickHouse's version of the contract: DateTime has whole seconds, and a NULL in a
+        # non-nullable column becomes the type's default.
+        target = self.create(adapter, "t", {"flag": I, "amount": F, "ts": T, "label": S})
+        one = self.stage(adapter, "job1", {"flag": B, "amount": I, "ts": T}, [[True, 3, "2020-08-02T18:23:56.5+02:00"]])
+        two = self.stage(adapter, "job1", {"flag": I, "label": S}, [[7, "x"], [None, "y"]])
+        adapter.commit(Load("d", target, [one, two], ["log-a", "log-b"]))
+        rows = self.query(
+            adapter, f"SELECT flag, amount, toString(ts, 'UTC'), label FROM {self.name(adapter, 't')} ORDER BY label"
+        )
+        assert rows == [
+            (1, 3.0, "2020-08-02 16:23:56", ""),
+            (7, 0.0, "1970-01-01 00:00:00" if rows[1][2].startswith("1970") else "0000-00-00 00:00:00", "x"),
+            (0, 0.0, rows[1][2], "y"),
+        ]
+        assert adapter.loaded_files("d", ["log-a", "log-b", "log-c"]) == {("log-a", "t"), ("log-b", "t")}
+        assert adapter.loaded_files("other", ["log-a"]) == set()
+        assert adapter.read_tables().keys() == {"t"}  # stage and prepared tables are gone
+
+    def test_default_table_is_replacing_merge_tree(self, adapter: ClickHouseAdapter) -> None:
+        self.create(adapter, "events", {**EVENT_COLUMNS, "n": I})
+        (engine,) = self.server.query(
+            f"SELECT engine_full FROM system.tables WHERE database = '{adapter.schema}' AND name = 'events'"
+        )
+        assert engine[0].startswith(
+            "ReplacingMergeTree(_timestamp) PARTITION BY toYYYYMM(_timestamp) ORDER BY eventn_ctx_event_id"
+        )
+        found = adapter.read_table("events")
+        assert found is not None and found.primary_keys == ("eventn_ctx_event_id",)
+        assert found.columns == {"_timestamp": "DateTime", "eventn_ctx_event_id": "String", "n": "Int64"}
+
+    def test_nullable_fields_keep_nulls(self, clickhouse_server: ClickHouseServer, clickhouse_db: str) -> None:
+        self.server = clickhouse_server
+        adapter = ClickHouseAdapter(
+            "ch", destination(clickhouse_server.url, clickhouse_db, engine={"nullable_fields": ["n", "eventn_ctx_event_id"]})
+        )
+        target = self.create(adapter, "e", {**EVENT_COLUMNS, "n": I, "m": I})
+        # The ORDER BY column stays non-nullable: ClickHouse keys cannot hold NULL.
+        assert target.columns["n"] == "Nullable(Int64)" and target.columns["eventn_ctx_event_id"] == "String"
+        chunk = self.stage(adapter, "j", {**EVENT_COLUMNS, "n": I, "m": I}, [["2020-08-02T18:23:56Z", "e1", None, None]])
+        adapter.commit(Load("d", target, [chunk], ["l"]))
+        assert self.query(adapter, f"SELECT n, m FROM {self.name(adapter, 'e')}") == [(None, 0)]
+        adapter.close()
+
+    def test_rerun_after_a_crash_before_the_marker_collapses_duplicates(self, adapter: ClickHouseAdapter) -> None:
+        target = self.create(adapter, "events", {**EVENT_COLUMNS, "v": S})
+        rows = [["2020-08-02T18:23:5%dZ" % i, f"id{i}", f"v{i}"] for i in range(5)]
+        columns = {**EVENT_COLUMNS, "v": S}
+        first = self.stage(adapter, "crashed", columns, rows)
+        adapter.commit(Load("d", target, [first], []))  # the copy went in, the marker never did
+        assert adapter.loaded_files("d", ["log"]) == set()
+        again = self.stage(adapter, "rerun", columns, rows)
+        adapter.commit(Load("d", target, [again], ["log"]))
+        counted = self.query(adapter, f"SELECT count(), uniqExact(eventn_ctx_event_id) FROM {self.name(adapter, 'events')}")
+        assert counted == [(5, 5)]
+        assert adapter.loaded_files("d", ["log"]) == {("log", "events")}
+
+    def test_hostile_names(self, adapter: ClickHouseAdapter) -> None:
+        names = ["a`b", "back\\slash", "it's", "x`; DROP TABLE y; --", "naïve ünïcode"]
+        table = "t`\\'\"; DROP DATABASE x"
+        target = self.create(adapter, table, {n: S for n in names} | {"n m": I})
+        chunk = self.stage(adapter, "jh", {n: S for n in names} | {"n m": I}, [[*names, 1]])
+        adapter.commit(Load("d", target, [chunk], ["l"]))
+        adapter.insert(target, [{n: n.upper() for n in names} | {"n m": 2}])
+        rows = self.query(adapter, f"SELECT * FROM {self.name(adapter, table)} ORDER BY `n m`")
+        assert rows == [(*names, 1), (*(n.upper() for n in names), 2)]
+        assert set(adapter.read_table(table).columns) == {*names, "n m"}  # type: ignore[union-attr]
+        assert adapter.loaded_files("d", ["l"]) == {("l", table)}
+
+    def test_add_columns_and_promote(self, adapter: ClickHouseAdapter) -> None:
+        target = self.create(adapter, "p", {**EVENT_COLUMNS, "n": F})
+        adapter.patch(TablePatch("p", add_columns={"s": "String", "b": "UInt8"}))
+        adapter.patch(TablePatch("p", add_columns={"s": "String"}))  # already there: not an error
+        target = adapter.read_table("p")
+        assert target is not None and list(target.columns) == [*EVENT_COLUMNS, "n", "s", "b"]
+        ints = self.stage(adapter, "jp", {**EVENT_COLUMNS, "n": I, "s": I, "b": B}, [["2020-01-01T00:00:00Z", "a", 2, 5, True]])
+        floats = self.stage(adapter, "jp", {**EVENT_COLUMNS, "n": F, "s": F}, [["2020-01-01T00:00:00Z", "b", 2.5, 1.5]])
+        texts = self.stage(adapter, "jp", {**EVENT_COLUMNS, "s": S, "b": B}, [["2020-01-01T00:00:00Z", "c", "t", False]])
+        adapter.commit(Load("d", target, [ints, floats, texts], ["l"]))
+        rows = self.query(adapter, f"SELECT eventn_ctx_event_id, n, s, b FROM {self.name(adapter, 'p')} ORDER BY 1")
+        assert rows == [("a", 2.0, "5", 1), ("b", 2.5, "1.5", 0), ("c", 0.0, "t", 0)]
+
+    def test_bool_promoted_to_text_prints_true_false(self, adapter: ClickHouseAdapter) -> None:
+        target = self.create(adapter, "b", {"s": S})
+        chunk = self.stage(adapter, "jb", {"s": B}, [[True], [False], [None]])
+        adapter.commit(Load("d", target, [chunk], ["l"]))
+        assert self.query(adapter, f"SELECT s FROM {self.name(adapter, 'b')} ORDER BY s") == [("",), ("false",), ("true",)]
+
+    def test_stream_insert_converts_values_and_fills_defaults(self, adapter: ClickHouseAdapter) -> None:
+        target = self.create(adapter, "events", {**EVENT_COLUMNS, "n": I, "f": F, "b": B, "s": S})
+        adapter.insert(
+            target,
+            [
+                {"_timestamp": "2020-08-02T18:23:56.291383+02:00", "eventn_ctx_event_id": "a", "n": 1, "b": True},
+                {"_timestamp": "2020-08-02T18:23:57Z", "eventn_ctx_event_id": "b", "f": 1.5, "s": "x\ty\nz"},
+                {"_timestamp": "2020-08-02T18:23:58Z", "eventn_ctx_event_id": "c", "n": None},
+            ],
+        )
+        rows = self.query(
+            adapter, f"SELECT toString(_timestamp, 'UTC'), eventn_ctx_event_id, n, f, b, s FROM {self.name(adapter, 'events')} ORDER BY 2"
+        )
+        assert rows == [
+            ("2020-08-02 16:23:56", "a", 1, 0.0, 1, ""),
+            ("2020-08-02 18:23:57", "b", 0, 1.5, 0, "x\ty\nz"),
+            ("2020-08-02 18:23:58", "c", 0, 0.0, 0, ""),
+        ]
+        with pytest.raises(TerminalError, match="'n'|n"):
+            adapter.insert(target, [{"eventn_ctx_event_id": "d", "n": "not a number"}])
+
+    def test_server_down_is_transient_and_nothing_is_lost(self, adapter: ClickHouseAdapter) -> None:
+        target = self.create(adapter, "events", {**EVENT_COLUMNS, "n": I})
+        columns = {**EVENT_COLUMNS, "n": I}
+        chunk = self.stage(adapter, "jd", columns, [["2020-01-01T00:00:00Z", f"e{i}", i] for i in range(3)])
+        self.server.stop()
+        try:
+            with pytest.raises(TransientError):
+                adapter.commit(Load("d", target, [chunk], ["l"]))
+            with pytest.raises(TransientError):
+                adapter.insert(target, [{"_timestamp": "2020-01-01T00:00:00Z", "eventn_ctx_event_id": "s", "n": 9}])
+            with pytest.raises(TransientError):
+                adapter.loaded_files("d", ["l"])
+        finally:
+            self.server.start()
+        # The retries after the server is back: the staged chunk survived the restart.
+        adapter.commit(Load("d", target, [chunk], ["l"]))
+        adapter.insert(target, [{"_timestamp": "2020-01-01T00:00:00Z", "eventn_ctx_event_id": "s", "n": 9}])
+        rows = self.query(adapter, f"SELECT eventn_ctx_event_id, n FROM {self.name(adapter, 'events')} ORDER BY n")
+        assert rows == [("e0", 0), ("e1", 1), ("e2", 2), ("s", 9)]
+        assert adapter.loaded_files("d", ["l"]) == {("l", "events")}
+
+    def test_key_change_is_refused(self, adapter: ClickHouseAdapter) -> None:
+        self.create(adapter, "k", {**EVENT_COLUMNS, "a": S})
+        with pytest.raises(TerminalError, match="ORDER BY key"):
+            adapter.patch(TablePatch("k", primary_keys=("a",)))
+
+    def test_upsert_within_a_load_keeps_last_by_order_column(self, adapter: ClickHouseAdapter) -> None:
+        target = self.create(adapter, "u", {"id": S, "v": I}, keys=("id",))
+        chunk = self.stage(adapter, "ju", {"id": S, "v": I, ORDER_COLUMN: I}, [["a", 1, 5], ["a", 2, 9], ["a", 3, 7]])
+        adapter.commit(Load("d", target, [chunk], ["l"], ordered=True))
+        # Without merging: one row went in, the one with the highest order column.
+        assert [tuple(r) for r in self.server.query(f"SELECT id, v FROM {self.name(adapter, 'u')}")] == [("a", 2)]
+
+    def test_unreachable_server_is_transient(self, clickhouse_db: str) -> None:
+        from tests.destinations.conftest import free_port
+
+        adapter = ClickHouseAdapter("ch", destination(f"http://127.0.0.1:{free_port()}", clickhouse_db))
+        with pytest.raises(TransientError, match="connecting"):
+            adapter.read_tables()
+
+    def test_second_dsn_is_used_when_the_first_is_down(self, clickhouse_server: ClickHouseServer, clickhouse_db: str) -> None:
+        from tests.destinations.conftest import free_port
+
+        dest = destination(f"http://127.0.0.1:{free_port()}", clickhouse_db)
+        dest.clickhouse.dsns.append(clickhouse_server.url)
+        adapter = ClickHouseAdapter("ch", dest)
+        assert adapter.read_tables() == {}
+        assert adapter.stage_target("j").endpoint.port == clickhouse_server.http_port
+        adapter.close()
+
+
+# --- without a server -------------------------------------------------------------------------
+
+
+def test_default_ddl_text() -> None:
+    columns = {"_timestamp": "DateTime", "eventn_ctx_event_id": "String", "n": "Int64"}
+    (statement,) = create_statements(layout(), "events", columns, ())
+    assert statement == (
+        "CREATE TABLE IF NOT EXISTS `db`.`events` (`_timestamp` DateTime, `eventn_ctx_event_id` String, "
+        "`n` Int64) ENGINE = ReplacingMergeTree(`_timestamp`) PARTITION BY (toYYYYMM(`_timestamp`)) "
+        "ORDER BY (`eventn_ctx_event_id`)"
+    )
+
+
+def test_cluster_ddl_text() -> None:
+    columns = {"_timestamp": "DateTime", "eventn_ctx_event_id": "String", "n": "Int64"}
+    table, dist = create_statements(layout(cluster="main"), "ev", columns, ())
+    assert table == (
+        "CREATE TABLE IF NOT EXISTS `db`.`ev` ON CLUSTER `main` (`_timestamp` DateTime, "
+        "`eventn_ctx_event_id` String, `n` Int64) ENGINE = ReplicatedReplacingMergeTree("
+        "'/clickhouse/tables/{shard}/db/ev', '{replica}', `_timestamp`) PARTITION BY (toYYYYMM(`_timestamp`)) "
+        "ORDER BY (`eventn_ctx_event_id`)"
+    )
+    assert dist == (
+        "CREATE TABLE IF NOT EXISTS `db`.`dist_ev` ON CLUSTER `main` AS `db`.`ev` "
+        "ENGINE = Distributed('main', 'db', 'ev', cityHash64(`eventn_ctx_event_id`))"
+    )
+    assert add_column_statements(layout(cluster="main"), "ev", {"x": "String"}) == [
+        "ALTER TABLE `db`.`ev` ON CLUSTER `main` ADD COLUMN `x` String",
+        "ALTER TABLE `db`.`dist_ev` ON CLUSTER `main` ADD COLUMN `x` String",
+    ]
+    assert layout(cluster="main").insert_target("ev") == "`db`.`dist_ev`"
+
+
+def test_configured_engine_ddl_text() -> None:
+    engine = {
+        "partition_fields": [{"function": "toYYYYMMDD", "field": "_timestamp"}],
+        "order_fields": [{"field": "user"}, {"function": "toStartOfHour", "field": "_timestamp"}],
+        "primary_keys": ["user"],
+        "nullable_fields": ["note", "user"],
+    }
+    columns = {"_timestamp": "DateTime", "user": "String", "note": "String"}
+    (statement,) = create_statements(layout(engine=engine), "t", columns, ())
+    assert statement == (
+        "CREATE TABLE IF NOT EXISTS `db`.`t` (`_timestamp` DateTime, `user` String, `note` Nullable(String)) "
+        "ENGINE = ReplacingMergeTree(`_timestamp`) PARTITION BY (toYYYYMMDD(`_timestamp`)) "
+        "ORDER BY (`user`, toStartOfHour(`_timestamp`)) PRIMARY KEY (`user`)"
+    )
+    raw = layout(engine={"raw_statement": "ENGINE = MergeTree() ORDER BY tuple()"})
+    assert create_statements(raw, "t", {"a": "String"}, ())[0].endswith("(`a` String) ENGINE = MergeTree() ORDER BY tuple()")
+
+
+def test_ddl_without_event_columns_never_collapses_everything() -> None:
+    (plain,) = create_statements(layout(), "t", {"a": "String"}, ())
+    assert plain.endswith("ENGINE = MergeTree() ORDER BY tuple()")
+    (keyed,) = create_statements(layout(), "t", {"a": "String"}, ("a",))
+    assert keyed.endswith("ENGINE = ReplacingMergeTree() ORDER BY (`a`)")
+
+
+def test_bad_key_function_is_terminal() -> None:
+    with pytest.raises(TerminalError, match="not a function name"):
+        layout(engine={"order_fields": [{"function": "x); DROP TABLE y; --", "field": "a"}]})
+
+
+def test_dsn_parsing() -> None:
+    ep = parse_dsn("https://u%40x:p%3Aw@host/db?timeout=1m&max_execution_time=5&tls_config=main", {"main": "/ca.pem"})
+    assert (ep.scheme, ep.host, ep.port, ep.user, ep.password) == ("https", "host", 8443, "u@x", "p:w")
+    assert ep.settings == (("max_execution_time", "5"),) and ep.timeout == 60.0 and ep.ca_file == "/ca.pem"
+    assert parse_dsn("http://h/db").port == 8123 and parse_dsn("http://h/db").user == "default"
+    for bad in ("tcp://h:9000/db", "http:///db", "http://h/db?tls_config=none", "http://h/db?timeout=soon"):
+        with pytest.raises(TerminalError):
+            parse_dsn(bad)
+
+
+def test_errors_are_classified() -> None:
+    assert isinstance(_server_error(500, b"Code: 209, e.displayText() = DB::NetException: Timeout", "x"), TransientError)
+    assert isinstance(_server_error(500, b"Code: 6, e.displayText() = DB::Exception: Cannot parse", "x"), TerminalError)
+    assert isinstance(_server_error(503, b"Service Unavailable", "x"), TransientError)
+    assert isinstance(_server_error(403, b"Forbidden", "x"), TerminalError)
+    with pytest.raises(TransientError):
+        Client(parse_dsn("http://127.0.0.1:1/db")).execute("SELECT 1")
+
+
+def test_sorting_key_and_type_parsing() -> None:
+    assert key_columns("eventn_ctx_event_id") == ("eventn_ctx_event_id",)
+    assert key_columns("a, `b, c`, toStartOfHour(_timestamp), `x\\`y`") == ("a", "b, c", "x`y")
+    assert key_columns("") == ()
+    assert data_type_of("Nullable(Int64)") is I and data_type_of("UInt8") is B
+    assert data_type_of("LowCardinality(Nullable(String))") is S and data_type_of("DateTime('UTC')") is T
+    assert data_type_of("Decimal(12, 2)") is F and data_type_of("Array(String)") is None
+
+
+def test_build_destination_makes_the_adapter(tmp_path: Any) -> None:
+    adapter = build_destination("ch", destination("http://h:8123/db", "db"), tmp_path)
+    assert isinstance(adapter, ClickHouseAdapter)
