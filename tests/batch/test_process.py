@@ -42,7 +42,8 @@ def test_process_reports_a_failed_pair(spark: Any, tmp_path: Path, pg_datasource
     console = Console(record=True, width=300)
 
     assert not process_once(loaded, console, keep_session=True)
-    assert "FAILED" in console.export_text() and "1 kept for retry" in console.export_text()
+    text = console.export_text()
+    assert "FAILED: postgres: connecting" in text and "1 kept for retry" in text
 
 
 def test_uploader_loads_rotated_logs_every_period(spark: Any, tmp_path: Path) -> None:

@@ -38,6 +38,14 @@ _STAGE_KIND: dict[DataType, type] = {
     DataType.STRING: str,
 }
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# A value of this Python type leaves a column of this type as it is. TIMESTAMP is absent: its
+# strings must be parsed to know whether they are still timestamps.
+_SAME_KIND: dict[DataType | None, type] = {
+    DataType.BOOL: bool,
+    DataType.INT64: int,
+    DataType.FLOAT64: float,
+    DataType.STRING: str,
+}
 
 
 def to_stage(value: Any, stage: DataType) -> Any:
@@ -85,30 +93,40 @@ class ChunkBuffer:
         for key in self.primary_keys:
             if values.get(key) is None:
                 return f"primary key field {key!r} is missing"
-        existing, types = self.existing, self.types
+        types = self.types
         for name, value in values.items():
-            if value is None:
+            # Fast path, most values: the column's type is known in this chunk and the value is
+            # already of its stage kind, so nothing changes (TIMESTAMP always takes the slow path).
+            kind = type(value)
+            if kind is _SAME_KIND.get(types.get(name)) and (kind is not int or value <= _INT64_MAX):  # type: ignore[arg-type]
                 continue
-            known = existing.get(name, _MISSING) if existing else _MISSING
-            if known is not _MISSING:
-                error = self._fit(values, name, value, known or DataType.STRING)  # type: ignore[arg-type]
-            elif name in ALWAYS_TIMESTAMP or (casts and name in casts):
-                error = self._fit(values, name, value, self._fixed_type(name, casts))
-            else:
-                found = infer_type(value)
-                current = types.get(name)
-                if current is None:
-                    types[name] = found
-                elif current is not found:
-                    types[name] = promote(current, found)
-                    self.mixed.add(name)
-                if found is DataType.STRING and type(value) is not str:
-                    self.mixed.add(name)  # a structure a mapping constant put there: staged as JSON text
-                continue
+            error = self._add_value(values, name, value, casts)
             if error is not None:
                 return error
         self.rows.append(values)
         self.seqs.append(seq)
+        return None
+
+    def _add_value(self, values: dict[str, Any], name: str, value: Any, casts: Mapping[str, str]) -> str | None:
+        if value is None:
+            return None
+        known = self.existing.get(name, _MISSING) if self.existing else _MISSING
+        if known is not _MISSING:
+            return self._fit(values, name, value, known or DataType.STRING)  # type: ignore[arg-type]
+        if name in ALWAYS_TIMESTAMP or (casts and name in casts):
+            return self._fit(values, name, value, self._fixed_type(name, casts))
+        found = infer_type(value)
+        if found is DataType.INT64 and not _INT64_MIN <= value <= _INT64_MAX:
+            found = DataType.FLOAT64  # a JSON integer beyond bigint: kept as a number
+            self.mixed.add(name)
+        current = self.types.get(name)
+        if current is None:
+            self.types[name] = found
+        elif current is not found:
+            self.types[name] = promote(current, found)
+            self.mixed.add(name)
+        if found is DataType.STRING and type(value) is not str:
+            self.mixed.add(name)  # a structure a mapping constant put there: staged as JSON text
         return None
 
     def _fixed_type(self, name: str, casts: Mapping[str, str]) -> DataType:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -82,9 +83,7 @@ class JobResult:
 class _Collected:
     """The summary rows of every task, folded."""
 
-    counts: dict[tuple[str, str, str], list[int]] = field(
-        default_factory=lambda: defaultdict(lambda: [0, 0, 0])
-    )
+    counts: dict[tuple[str, str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))
     spools: dict[tuple[str, str, str], list[Path]] = field(default_factory=lambda: defaultdict(list))
     pairs: dict[tuple[str, str], PairLoad] = field(default_factory=dict)
 
@@ -104,6 +103,7 @@ class BatchJob:
         self.fault = fault
         self.chunk_rows = chunk_rows
         self.events_dir = Path(self.config.log.path)
+        self._staged: set[str] = set()
 
     def run(self, session: Any, logs: list[Path]) -> JobResult:
         result = JobResult()
@@ -115,8 +115,8 @@ class BatchJob:
         try:
             return self._run(session, logs, job_id, adapters, result)
         finally:
-            for adapter in adapters.values():
-                self._cleanup(adapter, job_id)
+            for dest_id, adapter in adapters.items():
+                self._cleanup(adapter, job_id, staged=dest_id in self._staged)
             shutil.rmtree(self.events_dir / "staging" / job_id, ignore_errors=True)
 
     def _run(
@@ -130,8 +130,17 @@ class BatchJob:
         statuses = {p.name: read_status(p) for p in logs}
         dest_errors: dict[str, str] = {}
         plan = self._plan(job_id, logs, statuses, adapters, dest_errors)
+        started = time.monotonic()
         collected = self._execute(session, logs, plan) if plan.destinations else _Collected()
+        executed = time.monotonic()
         outcomes = self._load(collected, adapters, result)
+        log.info(
+            "job %s: %d log(s), Spark stage %.2f s, patch and commit %.2f s",
+            job_id,
+            len(logs),
+            executed - started,
+            time.monotonic() - executed,
+        )
         if self.fault is not None:
             self.fault("committed")
         self._settle(logs, statuses, plan, collected, outcomes, dest_errors, result)
@@ -200,6 +209,7 @@ class BatchJob:
             for name, table in tables.items()
         }
         plan.stages[dest_id] = adapter.stage_target(plan.job_id)
+        self._staged.add(dest_id)
         plan.primary_keys[dest_id] = tuple(dest.data_layout.primary_key_fields)
         plan.destinations[dest_id] = dest
 
@@ -279,17 +289,13 @@ class BatchJob:
         by_dest: dict[str, list[Path]] = defaultdict(list)
         for (name, dest_id, table), spools in sorted(collected.spools.items()):
             # Events of a FAILED pair are processed again on the retry; template failures once per log.
-            settled = (
-                (name, dest_id) in fresh if table == NO_TABLE else not outcomes.get((dest_id, table), "")
-            )
+            settled = (name, dest_id) in fresh if table == NO_TABLE else not outcomes.get((dest_id, table), "")
             if settled:
                 by_dest[dest_id].extend(spools)
         for dest_id, spools in by_dest.items():
             append_spools(failed_dir, dest_id, spools)
 
-    def _finish_log(
-        self, path: Path, old: LogStatus, update: LogStatus, plan: JobPlan, result: JobResult
-    ) -> None:
+    def _finish_log(self, path: Path, old: LogStatus, update: LogStatus, plan: JobPlan, result: JobResult) -> None:
         merged = merge_status(old, update)
         for dest_id in plan.destinations:
             # Reached this pass: a destination-wide error of an earlier pass is over.
@@ -300,9 +306,10 @@ class BatchJob:
         else:
             result.kept.append(path)
 
-    def _cleanup(self, adapter: DestinationAdapter, job_id: str) -> None:
+    def _cleanup(self, adapter: DestinationAdapter, job_id: str, staged: bool) -> None:
         try:
-            adapter.drop_stages(job_id)
+            if staged:
+                adapter.drop_stages(job_id)
         except DestinationError as exc:
             log.warning("could not drop the staging of job %s: %s", job_id, exc)
         finally:

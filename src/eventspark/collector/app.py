@@ -96,11 +96,13 @@ class CollectorApp:
             return
         started = time.perf_counter()
         request = Request(scope, receive)
-        found = routes.find(request.path)
-        name, response = found[0] if found else "unknown", None
+        name = request.path
+        methods = routes.ROUTES.get(name)
+        if methods is None:
+            found = routes.find(name)
+            name, methods = found if found else ("unknown", {})
         try:
-            handler = found[1].get(request.method) if found else None
-            response = await (handler or _no_handler)(self, request)
+            response = await methods.get(request.method, _no_handler)(self, request)
         except HTTPError as exc:
             self.metrics.reject(exc.token_id, exc.status)
             response = exc.response()
@@ -145,19 +147,14 @@ class CollectorApp:
     def sender(self, request: Request, server_side: bool) -> tuple[str, str | None]:
         """(source IP, User-Agent for JS endpoints) of a request."""
         headers = request.headers
-        real, forwarded = headers.get(b"x-real-ip"), headers.get(b"x-forwarded-for")
         client = request.scope.get("client")
-        peer = client[0] if client else ""
-        if real or forwarded:
-            proxies = {
-                "x-real-ip": (real or b"").decode("latin-1"),
-                "x-forwarded-for": (forwarded or b"").decode("latin-1"),
-            }
-            peer = client_ip(proxies, peer)
+        ip = client[0] if client else ""
+        if b"x-real-ip" in headers or b"x-forwarded-for" in headers:
+            ip = client_ip(_proxy_headers(headers), ip)
         if server_side:
-            return peer, None
+            return ip, None
         agent = headers.get(b"user-agent")
-        return peer, None if agent is None else agent.decode("utf-8", "replace")
+        return ip, None if agent is None else agent.decode("utf-8", "replace")
 
     def prepare(
         self, events: list[dict[str, Any]], secret: str, ip: str, user_agent: str | None, server_side: bool
@@ -165,9 +162,7 @@ class CollectorApp:
         """ContextEnrichment of every event, then their log lines."""
         now = datetime.now(UTC)
         for event in events:
-            enrich_context(
-                event, token=secret, source_ip=ip, user_agent=user_agent, server_side=server_side, now=now
-            )
+            enrich_context(event, token=secret, source_ip=ip, user_agent=user_agent, server_side=server_side, now=now)
         if len(events) == 1:
             return orjson.dumps(events[0], option=_DUMPS_OPTION)
         return b"".join([orjson.dumps(event, option=_DUMPS_OPTION) for event in events])
@@ -203,11 +198,19 @@ class CollectorApp:
         events: list[dict[str, Any]],
         server_side: bool,
     ) -> None:
-        """Enriches, writes and (with `server.fsync`) syncs the events of one request."""
+        """Enriches and writes the events of one request, then (with `server.fsync`) syncs them."""
         ip, user_agent = self.sender(request, server_side)
-        self.write(route, token, self.prepare(events, secret, ip, user_agent, server_side), len(events))
-        if self.group_commit is not None and events:
+        count = len(events)
+        self.write(route, token, self.prepare(events, secret, ip, user_agent, server_side), count)
+        if self.group_commit is not None and count:
             await self.sync(route)
+
+
+def _proxy_headers(headers: dict[bytes, bytes]) -> dict[str, str]:
+    return {
+        "x-real-ip": headers.get(b"x-real-ip", b"").decode("latin-1"),
+        "x-forwarded-for": headers.get(b"x-forwarded-for", b"").decode("latin-1"),
+    }
 
 
 async def _no_handler(app: CollectorApp, request: Request) -> Response:

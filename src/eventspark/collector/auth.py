@@ -17,7 +17,6 @@ from eventspark.config.models import ApiKey
 TOKEN_NOT_FOUND = "The token is not found"
 NOT_SERVER_TOKEN = "The token isn't a server token. Please use s2s integration token"
 
-_ALLOW_CREDENTIALS = (b"access-control-allow-credentials", b"true")
 PREFLIGHT_HEADERS: Headers = [
     (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
     (
@@ -81,8 +80,9 @@ def cors_headers(request: Request, rules: OriginRules | None) -> Headers:
     origin = request.headers.get(b"origin")
     if origin is None or rules is None or not (rules.allow_all or rules.allows(origin.decode("latin-1"))):
         return []
-    # No `Vary: Origin`: event answers are never cached (and every header costs on the hot path).
-    return [(b"access-control-allow-origin", origin), _ALLOW_CREDENTIALS]
+    # Only the header the reference requires: event answers are not cached (no `Vary`), and the
+    # preflight already allows credentials; every header costs on the hot path.
+    return [(b"access-control-allow-origin", origin)]
 
 
 # --- tokens ---------------------------------------------------------------------------------------

@@ -76,9 +76,7 @@ async def bulk_upload(app: CollectorApp, request: Request) -> Response:
     return json_response({"status": "ok", "accepted": count})
 
 
-def _bulk_lines(
-    app: CollectorApp, body: bytes, content_type: str | None, secret: str, ip: str
-) -> tuple[bytes, int]:
+def _bulk_lines(app: CollectorApp, body: bytes, content_type: str | None, secret: str, ip: str) -> tuple[bytes, int]:
     events = bulk.bulk_events(body, content_type, app.max_event_size)
     return app.prepare(events, secret, ip, None, server_side=True), len(events)
 

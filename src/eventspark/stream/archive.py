@@ -38,7 +38,8 @@ class StreamArchive:
         self.archive_dir = archive_dir
         self.dest_id = dest_id
         self.path = archive_dir / live_archive_name(dest_id)
-        self._rotated = re.compile(rf"^{re.escape(f'streaming-archive.dst={dest_id}-')}.*\.log$")
+        prefix = re.escape(f"streaming-archive.dst={dest_id}-")
+        self._rotated = re.compile(rf"^{prefix}\d{{4}}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d{{3}}\.log$")
         self._fd: int | None = None
         self._day: date | None = None
         self._compressing: threading.Thread | None = None

@@ -148,18 +148,14 @@ class TableDelivery:
         """The cached table when every column of `rows` is in it, else the table after patching."""
         cached = self._cached(table)
         current = cached.table
-        if current is not None and (
-            not self.primary_keys or set(self.primary_keys) == set(current.primary_keys)
-        ):
+        if current is not None and (not self.primary_keys or set(self.primary_keys) == set(current.primary_keys)):
             columns = current.columns
             if all(name in columns for row in rows for name in row.values):
                 return cached
         builder = HeaderBuilder()
         for row in rows:
             builder.add(row)
-        wanted = table_from_header(
-            builder.headers[table], self.adapter.dialect.column_type, self.primary_keys
-        )
+        wanted = table_from_header(builder.headers[table], self.adapter.dialect.column_type, self.primary_keys)
         return self._patch(table, wanted)
 
     def _patch(self, name: str, wanted: Table) -> _Cached:

@@ -40,9 +40,7 @@ class StreamWorkers:
         self.config = loaded.config
         self.settings = settings or StreamSettings.from_config(getattr(self.config, "stream", None))
         self._own_coordination = coordination is None
-        self.coordination = coordination or build_coordination(
-            self.config.coordination, self.config.server.name
-        )
+        self.coordination = coordination or build_coordination(self.config.coordination, self.config.server.name)
         self.workers: dict[str, StreamWorker] = {}
 
     @property

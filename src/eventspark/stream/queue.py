@@ -144,9 +144,7 @@ class QueueWriter:
     (group commit); `close(sync)`. Not thread-safe: one thread (the collector's loop) appends.
     """
 
-    def __init__(
-        self, directory: Path, worker: int | None = None, segment_bytes: int = SEGMENT_BYTES
-    ) -> None:
+    def __init__(self, directory: Path, worker: int | None = None, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.path = directory
         self.writer = writer_name(worker)
         self.segment_bytes = segment_bytes
@@ -209,6 +207,16 @@ class QueueWriter:
         os.write(old, END_OF_SEGMENT)
         self._new_segment(self._seq + 1)
         os.close(old)
+
+    def write(self, data: bytes, lines: int = 1) -> None:
+        """`append` under the name of `logs.incoming.AppendOnlyFile.write`."""
+        self.append(data, lines)
+
+    @property
+    def file(self) -> QueueWriter:
+        """Itself: the collector writes, fsyncs (group commit) and counts (`lines`) a stream
+        destination's `spool.file` like an incoming log, so a QueueWriter stands in for a StreamSpool."""
+        return self
 
     def fsync(self) -> None:
         """Forces appended records to disk; a no-op before the first append or after close."""

@@ -107,9 +107,7 @@ class StreamWorker:
 
     def start(self) -> None:
         self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._run, name=f"eventspark-stream-{self.dest_id}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"eventspark-stream-{self.dest_id}", daemon=True)
         self._thread.start()
 
     def request_stop(self) -> None:

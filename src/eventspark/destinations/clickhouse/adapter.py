@@ -155,9 +155,7 @@ class ClickHouseAdapter(DestinationAdapter):
 
     def _prepare(self, client: Client) -> None:
         layout = self.layout
-        client.execute(
-            f"CREATE DATABASE IF NOT EXISTS {quote(layout.db)}{layout.on_cluster()}", doing="connecting"
-        )
+        client.execute(f"CREATE DATABASE IF NOT EXISTS {quote(layout.db)}{layout.on_cluster()}", doing="connecting")
         engine = "ReplacingMergeTree()"
         if layout.cluster:
             path = f"/clickhouse/tables/{{shard}}/{layout.db}/{LOADS_TABLE}"
@@ -215,9 +213,7 @@ class ClickHouseAdapter(DestinationAdapter):
         client = self._connection()
         doing = f"patching table {patch.table!r}"
         if patch.create:
-            for statement in create_statements(
-                self.layout, patch.table, patch.add_columns, patch.primary_keys or ()
-            ):
+            for statement in create_statements(self.layout, patch.table, patch.add_columns, patch.primary_keys or ()):
                 client.execute(statement, doing=doing)
             return
         if patch.primary_keys is not None:
@@ -253,15 +249,11 @@ class ClickHouseAdapter(DestinationAdapter):
         if load.files:
             markers = [[load.dest_id, f, load.table.name] for f in load.files]
             body = encode_rows(markers, [STAGE_ENCODERS[DataType.STRING]] * 3)
-            client.execute(
-                _insert_sql(self._name(LOADS_TABLE), ["dest_id", "file", "table_name"]), body, doing
-            )
+            client.execute(_insert_sql(self._name(LOADS_TABLE), ["dest_id", "file", "table_name"]), body, doing)
         refs = [f"{load.chunks[0].ref}_load"] if load.chunks else []
         self._drop(client, refs + [chunk.ref for chunk in load.chunks])
 
-    def _prepare_rows(
-        self, client: Client, load: Load, columns: list[str], prepared: str, doing: str
-    ) -> None:
+    def _prepare_rows(self, client: Client, load: Load, columns: list[str], prepared: str, doing: str) -> None:
         """Casts every chunk into `prepared` (the target's column types); drops it on failure."""
         defs = ", ".join(f"{quote(c)} {load.table.columns[c]}" for c in columns)
         source = {chunk.ref: self._name(chunk.ref) for chunk in load.chunks}
@@ -279,9 +271,7 @@ class ClickHouseAdapter(DestinationAdapter):
         # After the marker is written a failed DROP loses nothing: drop_stages retries it.
         for table in tables:
             try:
-                client.execute(
-                    f"DROP TABLE IF EXISTS {table if qualified else self._name(table)}", doing="dropping"
-                )
+                client.execute(f"DROP TABLE IF EXISTS {table if qualified else self._name(table)}", doing="dropping")
             except DestinationError as exc:
                 log.warning("clickhouse: could not drop staging table %s: %s", table, exc)
 

@@ -88,9 +88,7 @@ def column_type(layout: Layout, name: str, sql_type: str, keys: set[str]) -> str
     return inner
 
 
-def create_statements(
-    layout: Layout, table: str, columns: Mapping[str, str], keys: Sequence[str]
-) -> list[str]:
+def create_statements(layout: Layout, table: str, columns: Mapping[str, str], keys: Sequence[str]) -> list[str]:
     """CREATE TABLE for a new table (and its Distributed table with a cluster)."""
     order = _order_fields(layout, columns, keys)
     partition = _partition_fields(layout, columns)

@@ -16,6 +16,7 @@ import base64
 import http.client
 import re
 import ssl
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,8 @@ import orjson
 from eventspark.destinations.base import TerminalError, TransientError
 
 DEFAULT_TIMEOUT = 300.0
+IDLE_RECONNECT = 2.0
+"""Seconds after which a kept-alive connection is not trusted any more."""
 CLIENT_OPTIONS = frozenset({"timeout", "tls_config", "read_timeout", "write_timeout", "debug"})
 TRANSIENT_CODES = frozenset(
     {
@@ -73,9 +76,7 @@ def parse_dsn(dsn: str, tls: Mapping[str, str] | None = None) -> Endpoint:
     """An Endpoint from an EventNative ClickHouse DSN; TerminalError when it is not one."""
     parts = urlsplit(dsn)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise TerminalError(
-            f"clickhouse: DSN {_redact(dsn)!r} is not http(s)://[user[:password]@]host[:port]/db"
-        )
+        raise TerminalError(f"clickhouse: DSN {_redact(dsn)!r} is not http(s)://[user[:password]@]host[:port]/db")
     try:
         port = parts.port or (8443 if parts.scheme == "https" else 8123)
     except ValueError as exc:
@@ -114,6 +115,7 @@ class Client:
 
     endpoint: Endpoint
     _conn: http.client.HTTPConnection | None = field(default=None, repr=False)
+    _used: float = field(default=0.0, repr=False)
 
     def execute(
         self,
@@ -149,10 +151,7 @@ class Client:
             "Connection": "keep-alive",
         }
         try:
-            conn = self._connection()
-            conn.request("POST", path, body, headers)
-            response = conn.getresponse()
-            payload = response.read()
+            response, payload = self._exchange(path, body, headers)
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise TransientError(f"clickhouse {self.endpoint.address}: {doing}: {_describe(exc)}") from exc
@@ -160,14 +159,32 @@ class Client:
             raise _server_error(response.status, payload, f"clickhouse: {doing}")
         return payload
 
+    def _exchange(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[http.client.HTTPResponse, bytes]:
+        """One request; sent again on a fresh connection when a kept-alive one turns out closed
+        while *sending* (the server never saw the request, so sending it again is safe)."""
+        if self._conn is not None and time.monotonic() - self._used > IDLE_RECONNECT:
+            self.close()  # the server closes idle connections (keep_alive_timeout, 3 s by default)
+        reused = self._conn is not None
+        conn = self._connection()
+        try:
+            conn.request("POST", path, body, headers)
+        except (BrokenPipeError, ConnectionResetError):
+            if not reused:
+                raise
+            self.close()
+            conn = self._connection()
+            conn.request("POST", path, body, headers)
+        response = conn.getresponse()
+        payload = response.read()
+        self._used = time.monotonic()
+        return response, payload
+
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
             ep = self.endpoint
             if ep.scheme == "https":
                 context = ssl.create_default_context(cafile=ep.ca_file)
-                self._conn = http.client.HTTPSConnection(
-                    ep.host, ep.port, timeout=ep.timeout, context=context
-                )
+                self._conn = http.client.HTTPSConnection(ep.host, ep.port, timeout=ep.timeout, context=context)
             else:
                 self._conn = http.client.HTTPConnection(ep.host, ep.port, timeout=ep.timeout)
         return self._conn

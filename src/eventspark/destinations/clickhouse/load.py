@@ -81,9 +81,7 @@ def _branch(load: Load, chunk: StagedChunk, columns: list[str], source: str, kee
 _FAMILIES: dict[str, DataType] = {
     **dict.fromkeys(["uint8", "bool", "boolean"], DataType.BOOL),
     **dict.fromkeys(["int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"], DataType.INT64),
-    **dict.fromkeys(
-        ["float32", "float64", "decimal", "decimal32", "decimal64", "decimal128"], DataType.FLOAT64
-    ),
+    **dict.fromkeys(["float32", "float64", "decimal", "decimal32", "decimal64", "decimal128"], DataType.FLOAT64),
     **dict.fromkeys(["string", "fixedstring"], DataType.STRING),
     **dict.fromkeys(["datetime", "datetime64"], DataType.TIMESTAMP),
 }

@@ -227,15 +227,17 @@ class DuckDBAdapter(DestinationAdapter):
         shutil.rmtree(self.staging_dir / job_id / self.dest_id, ignore_errors=True)
 
     def insert(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
-        """One `INSERT ... SELECT` over `unnest`ed text lists per set of columns, all in one
-        transaction: values travel as text and are cast to the column types (see `_insert_groups`)."""
-        groups = _insert_groups(table, rows)
+        """One `INSERT ... SELECT` over `unnest`ed text lists, one per column, in one transaction;
+        values are cast to the column types (see `_insert_columns` for rows with different columns
+        and primary keys)."""
+        columns, lists = _insert_columns(table, rows)
+        if not columns:
+            return
         conn = self._connection()
         with translated_errors(f"inserting {len(rows)} rows into {table.name!r}"):
             conn.execute("BEGIN")
             try:
-                for columns, arrays in groups:
-                    conn.execute(self._insert_statement(table, columns), arrays)
+                conn.execute(self._insert_statement(table, columns), lists)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -267,32 +269,18 @@ class DuckDBAdapter(DestinationAdapter):
 # --- stream inserts: rows as text column lists ----------------------------------------------------
 
 
-def _insert_groups(
-    table: Table, rows: Sequence[Mapping[str, Any]]
-) -> list[tuple[list[str], list[list[str | None]]]]:
-    """(columns, one text list per column) groups of `rows`.
-
-    Without a primary key, one group over every column any row has (absent values are NULL).
-    With one, only the last row of each key is kept (an upsert cannot touch a row twice), grouped
-    by column set so that updating a row changes only the columns it has, as one INSERT per row would.
-    """
+def _insert_columns(table: Table, rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str | None]]]:
+    """Every column any row has, and one text list per column (absent values are NULL). With a
+    primary key only the last row of each key is kept (an upsert cannot touch a row twice), and it
+    replaces the stored values of these columns, as a batch load does."""
     if table.primary_keys:
         keys = table.primary_keys
-        last = {tuple(row.get(k) for k in keys): row for row in rows}
-        by_columns: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
-        for row in last.values():
-            by_columns.setdefault(tuple(row), []).append(row)
-        groups = list(by_columns.items())
-    else:
-        columns = tuple(dict.fromkeys(c for row in rows for c in row))
-        groups = [(columns, list(rows))] if rows else []
-    out = []
-    for columns, group in groups:
-        missing = [c for c in columns if c not in table.columns]
-        if missing:
-            raise TerminalError(f"duckdb: table {table.name!r} has no column {missing[0]!r}")
-        out.append((list(columns), [[_sql_text(row.get(c)) for row in group] for c in columns]))
-    return out
+        rows = list({tuple(row.get(k) for k in keys): row for row in rows}.values())
+    columns = list(dict.fromkeys(c for row in rows for c in row))
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise TerminalError(f"duckdb: table {table.name!r} has no column {missing[0]!r}")
+    return columns, [[_sql_text(row.get(c)) for row in rows] for c in columns]
 
 
 def _sql_text(value: Any) -> str | None:

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg import sql
 
@@ -265,25 +266,24 @@ class PostgresAdapter(DestinationAdapter):
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._name(name)))
 
     def insert(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
-        """One `INSERT ... SELECT ... FROM unnest(<text arrays>)` per set of columns, all in one
-        transaction: values travel as text and are cast to the column types (see `_insert_groups`)."""
-        groups = _insert_groups(table, rows)
+        """One `INSERT ... SELECT` over `jsonb_array_elements` of all the rows sent as one JSON
+        parameter, in one transaction; each value is read as text and cast to its column's type
+        (see `_insert_rows` for rows with different columns and primary keys)."""
+        columns, payload = _insert_rows(table, rows)
+        if not columns:
+            return
         conn = self._connection()
         with translated_errors(f"inserting {len(rows)} rows into {table.name!r}"), conn.transaction():
             conn.execute("SET LOCAL TimeZone = 'UTC'")
-            for columns, arrays in groups:
-                conn.execute(self._insert_statement(table, columns), arrays)
+            conn.execute(self._insert_statement(table, columns), [payload])
 
     def _insert_statement(self, table: Table, columns: list[str]) -> sql.Composable:
         names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
-        aliases = [f"c{i}" for i in range(len(columns))]
         values = sql.SQL(", ").join(
-            sql.SQL(cast_expr(f"u.{alias}", DataType.STRING, table.columns[c]))
-            for alias, c in zip(aliases, columns, strict=True)
+            sql.SQL(cast_expr(f"(r.v->>{i})", DataType.STRING, table.columns[c])) for i, c in enumerate(columns)
         )
-        arrays = sql.SQL(", ").join(sql.SQL("%s::text[]") for _ in columns)
-        statement = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM unnest({}) AS u({})").format(
-            self._name(table.name), names, values, arrays, sql.SQL(", ".join(aliases))
+        statement = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM jsonb_array_elements(%s::jsonb) AS r(v)").format(
+            self._name(table.name), names, values
         )
         if not table.primary_keys:
             return statement
@@ -306,42 +306,19 @@ class PostgresAdapter(DestinationAdapter):
             self._conn = None
 
 
-# --- stream inserts: rows as text column arrays ---------------------------------------------------
+# --- stream inserts: rows as one JSON parameter --------------------------------------------------
 
 
-def _insert_groups(
-    table: Table, rows: Sequence[Mapping[str, Any]]
-) -> list[tuple[list[str], list[list[str | None]]]]:
-    """(columns, one text array per column) groups of `rows`.
-
-    Without a primary key, one group over every column any row has (absent values are NULL).
-    With one, only the last row of each key is kept (an upsert cannot touch a row twice), grouped
-    by column set so that updating a row changes only the columns it has, as one INSERT per row would.
-    """
+def _insert_rows(table: Table, rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], str]:
+    """Every column any row has, and the rows as a JSON array of arrays in that column order
+    (absent values are null). With a primary key only the last row of each key is kept (an upsert
+    cannot touch a row twice), and it replaces the stored values of these columns, as a batch load does."""
     if table.primary_keys:
         keys = table.primary_keys
-        last = {tuple(row.get(k) for k in keys): row for row in rows}
-        by_columns: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
-        for row in last.values():
-            by_columns.setdefault(tuple(row), []).append(row)
-        groups = list(by_columns.items())
-    else:
-        columns = tuple(dict.fromkeys(c for row in rows for c in row))
-        groups = [(columns, list(rows))] if rows else []
-    out = []
-    for columns, group in groups:
-        missing = [c for c in columns if c not in table.columns]
-        if missing:
-            raise TerminalError(f"postgres: table {table.name!r} has no column {missing[0]!r}")
-        arrays = [[_sql_text(row.get(c)) for row in group] for c in columns]
-        out.append((list(columns), arrays))
-    return out
-
-
-def _sql_text(value: Any) -> str | None:
-    """A value as the text the warehouse casts to the column type (datetimes print as ISO 8601)."""
-    if value is None or type(value) is str:
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+        rows = list({tuple(row.get(k) for k in keys): row for row in rows}.values())
+    columns = list(dict.fromkeys(c for row in rows for c in row))
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise TerminalError(f"postgres: table {table.name!r} has no column {missing[0]!r}")
+    values = [[row.get(c) for c in columns] for row in rows]
+    return columns, orjson.dumps(values, default=str).decode()

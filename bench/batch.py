@@ -1,0 +1,305 @@
+"""Benchmark of the batch pipeline into Postgres, against a COPY floor and dlt, in one run.
+
+    .venv/bin/python bench/batch.py [--events N] [--no-scaling] [--no-dlt] [--dlt-python PATH]
+
+1. generates N web events (bench/generate.py) as rotated incoming logs;
+2. pipeline: one batch pass (warm SparkSession, `local[*]`) into a fresh Postgres schema;
+3. floor: the same events flattened beforehand (untimed) and loaded with one binary COPY from one
+   process (timed): what the warehouse can take at best;
+4. dlt: `dlt[postgres]` loading the same events (parsed JSON) into the same Postgres; it runs in a
+   subprocess of `--dlt-python` (default: this interpreter) so that dlt may live in its own venv;
+5. rotate-to-visible latency of a 10-event batch with the warm session;
+6. scaling: the pipeline again on 4×N events (skip with --no-scaling).
+
+Prints events/s and the ratios (targets: pipeline ≥ 0.5× floor, ≥ 3× dlt, latency ≤ 3 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from generate import generate_events
+
+from eventspark.batch.process import run_pass
+from eventspark.batch.session import get_session
+from eventspark.config import LoadedConfig
+from eventspark.config.loading import validate_config
+from eventspark.coordination import MemoryCoordination
+from eventspark.logs.incoming import live_log_name, rotate_incoming_logs, rotated_log_name
+from eventspark.steps.flatten import flatten
+from eventspark.steps.typing import DataType, infer_type
+
+PG = {"host": "127.0.0.1", "port": 5432, "db": "test", "username": "postgres"}
+PG_CONNINFO = "host=127.0.0.1 port=5432 dbname=test user=postgres"
+EVENTS_PER_FILE = 250_000
+FLOOR_CHUNK = 50_000
+FLOOR_TYPES = {
+    DataType.BOOL: "boolean",
+    DataType.INT64: "bigint",
+    DataType.FLOAT64: "float8",
+    DataType.TIMESTAMP: "text",
+    DataType.STRING: "text",
+}
+
+
+def generate_logs(folder: Path, n: int, seed: int) -> list[Path]:
+    """Writes `n` events as rotated-log-sized files; returns their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    out = None
+    for i, event in enumerate(generate_events(n, seed=seed)):
+        if i % EVENTS_PER_FILE == 0:
+            if out is not None:
+                out.close()
+            paths.append(folder / f"part-{len(paths):04d}.log")
+            out = paths[-1].open("wb")
+        assert out is not None
+        out.write(orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE))
+    if out is not None:
+        out.close()
+    return paths
+
+
+def bench_config(root: Path, schema: str, master: str) -> LoadedConfig:
+    raw = {
+        "api_keys": [{"id": "bench", "client_secret": "bench-token", "server_secret": "bench-s2s"}],
+        "log": {"path": str(root / "events")},
+        "destinations": {
+            "pg": {"type": "postgres", "datasource": {**PG, "schema": schema}, "data_layout": {"table_name_template": "events"}}
+        },
+        "spark": {"master": master},
+    }
+    return LoadedConfig(config=validate_config(raw))
+
+
+def stage_as_rotated(files: list[Path], incoming: Path) -> None:
+    incoming.mkdir(parents=True, exist_ok=True)
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    for i, path in enumerate(files):
+        os.link(path, incoming / rotated_log_name("bench", at + timedelta(seconds=i)))
+
+
+def pg_count(schema: str, table: str = "events") -> int:
+    with psycopg.connect(PG_CONNINFO) as conn:
+        found = conn.execute("SELECT to_regclass(%s)", (f'"{schema}"."{table}"',)).fetchone()
+        if found is None or found[0] is None:
+            return 0
+        row = conn.execute(f'SELECT count(*) FROM "{schema}"."{table}"').fetchone()
+        return int(row[0]) if row else 0
+
+
+def drop_schema(schema: str) -> None:
+    with psycopg.connect(PG_CONNINFO, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def run_pipeline(work: Path, files: list[Path], master: str, session: Any, label: str) -> float:
+    """One pass over `files`; returns its duration in seconds after checking every event landed."""
+    n = sum(1 for f in files for _ in f.open("rb"))
+    root = work / label
+    schema = f"bench_{label}"
+    drop_schema(schema)
+    shutil.rmtree(root, ignore_errors=True)
+    loaded = bench_config(root, schema, master)
+    stage_as_rotated(files, root / "events" / "incoming")
+    started = time.perf_counter()
+    result = run_pass(loaded, MemoryCoordination("bench"), session=session)
+    elapsed = time.perf_counter() - started
+    loaded_rows = pg_count(schema)
+    if not result.ok or loaded_rows != n:
+        raise SystemExit(f"pipeline run {label} is wrong: ok={result.ok}, {loaded_rows} rows for {n} events")
+    drop_schema(schema)
+    shutil.rmtree(root, ignore_errors=True)
+    return elapsed
+
+
+def floor_rows(files: list[Path]) -> Iterator[list[dict[str, Any]]]:
+    batch: list[dict[str, Any]] = []
+    for path in files:
+        with path.open("rb") as lines:
+            for line in lines:
+                batch.append(flatten(orjson.loads(line)))
+                if len(batch) == FLOOR_CHUNK:
+                    yield batch
+                    batch = []
+    if batch:
+        yield batch
+
+
+def run_floor(files: list[Path]) -> tuple[float, int]:
+    """Binary COPY of pre-flattened rows in one process; only the COPY is timed."""
+    schema = "bench_floor"
+    drop_schema(schema)
+    copied, timed = 0, 0.0
+    with psycopg.connect(PG_CONNINFO) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        columns: dict[str, DataType] | None = None
+        for rows in floor_rows(files):
+            if columns is None:
+                columns = _floor_columns(rows)
+                defs = ", ".join(f'"{c}" {FLOOR_TYPES[t]}' for c, t in columns.items())
+                conn.execute(f'CREATE TABLE "{schema}".events ({defs})')
+            names = list(columns)
+            prepared = [[row.get(c) for c in names] for row in rows]
+            started = time.perf_counter()
+            with conn.cursor().copy(
+                f'COPY "{schema}".events ({", ".join(chr(34) + c + chr(34) for c in names)}) FROM STDIN (FORMAT BINARY)'
+            ) as copy:
+                copy.set_types([FLOOR_TYPES[columns[c]] for c in names])
+                for values in prepared:
+                    copy.write_row(values)
+            conn.commit()
+            timed += time.perf_counter() - started
+            copied += len(rows)
+    drop_schema(schema)
+    return timed, copied
+
+
+def _floor_columns(rows: list[dict[str, Any]]) -> dict[str, DataType]:
+    columns: dict[str, DataType] = {}
+    for row in rows:
+        for name, value in row.items():
+            found = infer_type(value)
+            if found is DataType.BOOL or found is DataType.TIMESTAMP:
+                found = found if columns.get(name, found) is found else DataType.STRING
+            elif name in columns and columns[name] is not found:
+                found = DataType.STRING if DataType.STRING in (found, columns[name]) else DataType.FLOAT64
+            columns[name] = found
+    return columns
+
+
+DLT_WORKER = """
+import sys, time, orjson, dlt
+files, dsn, schema, workdir = sys.argv[1].split(","), sys.argv[2], sys.argv[3], sys.argv[4]
+def events():
+    for path in files:
+        with open(path, "rb") as lines:
+            for line in lines:
+                yield orjson.loads(line)
+pipeline = dlt.pipeline(pipeline_name="eventspark_bench", destination=dlt.destinations.postgres(credentials=dsn),
+                        dataset_name=schema, pipelines_dir=workdir, progress=None)
+started = time.perf_counter()
+pipeline.run(events(), table_name="events", write_disposition="append")
+print(time.perf_counter() - started)
+"""
+
+
+def run_dlt(files: list[Path], python: str, work: Path) -> float | None:
+    schema = "bench_dlt"
+    drop_schema(schema)
+    env = {**os.environ, "RUNTIME__LOG_LEVEL": "WARNING", "DLT_DATA_DIR": str(work / "dlt-data")}
+    done = subprocess.run(
+        [python, "-c", DLT_WORKER, ",".join(map(str, files)), "postgresql://postgres:trust@127.0.0.1:5432/test", schema, str(work / "dlt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    loaded = pg_count(schema)
+    drop_schema(schema)
+    if done.returncode != 0:
+        print(f"dlt failed (install it: pip install 'dlt[postgres]==1.31.0'):\n{done.stderr[-2000:]}", file=sys.stderr)
+        return None
+    expected = sum(1 for f in files for _ in f.open("rb"))
+    if loaded != expected:
+        print(f"dlt loaded {loaded} rows for {expected} events", file=sys.stderr)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def run_latency(work: Path, master: str, session: Any) -> float:
+    """Seconds from rotating a live log of 10 events to the rows being visible in Postgres."""
+    root = work / "latency"
+    schema = "bench_latency"
+    drop_schema(schema)
+    shutil.rmtree(root, ignore_errors=True)
+    loaded = bench_config(root, schema, master)
+    incoming = root / "events" / "incoming"
+    incoming.mkdir(parents=True)
+    coordination = MemoryCoordination("bench")
+    # A first pass creates the table: the measured one is the steady state of a running server.
+    for attempt in range(2):
+        events = b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE) for e in generate_events(10, seed=attempt))
+        (incoming / live_log_name("bench")).write_bytes(events)
+        started = time.perf_counter()
+        rotate_incoming_logs(incoming)
+        run_pass(loaded, coordination, session=session)
+        while pg_count(schema) < 10 * (attempt + 1):
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - started
+    drop_schema(schema)
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--no-scaling", action="store_true", help="skip the 4×N run")
+    parser.add_argument("--no-dlt", action="store_true")
+    parser.add_argument("--dlt-python", default=sys.executable, help="a Python with dlt[postgres] installed")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--verbose", "-v", action="store_true", help="log the phases of each pass")
+    args = parser.parse_args()
+    if args.verbose:
+        logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("eventspark").setLevel(logging.INFO)
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="eventspark-bench-"))
+    n = args.events
+    try:
+        report(args, work, n)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def report(args: argparse.Namespace, work: Path, n: int) -> None:
+    started = time.perf_counter()
+    files = generate_logs(work / "data", n, args.seed)
+    size = sum(f.stat().st_size for f in files)
+    print(f"events: {n:,} in {len(files)} logs, {size / 1e6:,.0f} MB (generated in {time.perf_counter() - started:.1f} s)")
+    started = time.perf_counter()
+    session = get_session(bench_config(work, "unused", args.master).config.spark)
+    cores = session.sparkContext.defaultParallelism
+    print(f"spark {args.master} ({cores} cores): session started in {time.perf_counter() - started:.1f} s")
+
+    pipeline = run_pipeline(work, files, args.master, session, "n")
+    rate = n / pipeline
+    print(f"pipeline:        {rate:>10,.0f} events/s  ({pipeline:.1f} s)")
+    floor_time, copied = run_floor(files)
+    floor = copied / floor_time
+    print(f"COPY floor:      {floor:>10,.0f} events/s  ({floor_time:.1f} s of COPY)")
+    print(f"  ratio pipeline / floor: {rate / floor:.2f}  (target ≥ 0.5)")
+    if not args.no_dlt:
+        dlt_time = run_dlt(files, args.dlt_python, work)
+        if dlt_time is not None:
+            print(f"dlt:             {n / dlt_time:>10,.0f} events/s  ({dlt_time:.1f} s)")
+            print(f"  ratio pipeline / dlt:   {rate / (n / dlt_time):.2f}  (target ≥ 3)")
+    latency = run_latency(work, args.master, session)
+    print(f"rotate-to-visible, 10 events, warm session: {latency:.2f} s  (target ≤ 3)")
+    if not args.no_scaling:
+        big = generate_logs(work / "data4", 4 * n, args.seed + 1)
+        big_time = run_pipeline(work, big, args.master, session, "n4")
+        big_rate = 4 * n / big_time
+        print(f"pipeline 4×N:    {big_rate:>10,.0f} events/s  ({big_time:.1f} s)")
+        print(f"  scaling N → 4N: time ×{big_time / pipeline:.2f} (ideal 4), rate ratio {big_rate / rate:.2f} (ideal 1)")
+
+
+if __name__ == "__main__":
+    main()
