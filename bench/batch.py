@@ -279,6 +279,11 @@ def report(args: argparse.Namespace, work: Path, n: int) -> None:
     cores = session.sparkContext.defaultParallelism
     print(f"spark {args.master} ({cores} cores): session started in {time.perf_counter() - started:.1f} s")
 
+    warm = generate_logs(work / "data-warm", 2_000, args.seed + 2)
+    started = time.perf_counter()
+    run_pipeline(work, warm, args.master, session, "warm")  # Python workers, imports, JIT of the JVM
+    print(f"warm-up pass of 2,000 events: {time.perf_counter() - started:.1f} s (not counted)")
+
     pipeline = run_pipeline(work, files, args.master, session, "n")
     rate = n / pipeline
     print(f"pipeline:        {rate:>10,.0f} events/s  ({pipeline:.1f} s)")

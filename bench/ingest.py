@@ -6,12 +6,13 @@ Starts `eventspark serve` on a temporary config (one token, one batch destinatio
 baseline ASGI app under the same uvicorn settings (`eventspark.collector.server.uvicorn_config`:
 uvloop, httptools, no access log) that parses the body with orjson and appends it as a line
 with `os.write`; re-serialising is the least a collector must do, since a body may contain
-newlines. Both get the same POST of a 40-leaf web event, with a browser's User-Agent and
-Origin, at `--connections` connections from wrk (installed with apt-get when missing), or from a
-built-in asyncio load generator when wrk cannot be had. Rounds alternate baseline/eventspark;
-per server the round with the best req/s is shown, with the median server CPU time per request
-(steadier than req/s when other work shares the machine). Exits non-zero when a target
-(req/s ratio >= 0.9, p99 < 10 ms, RSS < 150 MB, no errors) is missed.
+newlines. A third server, `base+enrich`, is the baseline plus `enrich_context`: the floor that
+the mandatory ContextEnrichment step sets. All get the same POST of a 40-leaf web event, with a
+browser's User-Agent and Origin, at `--connections` connections from wrk (installed with apt-get
+when missing), or from a built-in asyncio load generator when wrk cannot be had. Rounds
+alternate between the servers; per server the round with the best req/s is shown, with the
+median server CPU time per request (steadier than req/s when other work shares the machine).
+Exits non-zero when a target (req/s ratio >= 0.9, p99 < 10 ms, RSS < 150 MB, no errors) is missed.
 """
 
 from __future__ import annotations
@@ -79,12 +80,15 @@ def web_event() -> bytes:
 
 BASELINE_APP = """
 import os, sys, orjson, uvicorn
+from datetime import UTC, datetime
 from eventspark.collector.server import uvicorn_config
 from eventspark.config.models import Config
+from eventspark.steps.context import enrich_context
 
 class Baseline:
-    def __init__(self, path):
+    def __init__(self, path, enrich):
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.enrich = enrich
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -99,7 +103,12 @@ class Baseline:
             message = await receive()
             body += message.get("body", b"")
             more = message.get("more_body", False)
-        os.write(self.fd, orjson.dumps(orjson.loads(body), option=orjson.OPT_APPEND_NEWLINE))
+        event = orjson.loads(body)
+        if self.enrich:  # the floor: the baseline plus the one step every accepted event needs
+            agent = dict(scope["headers"]).get(b"user-agent", b"").decode()
+            enrich_context(event, token="t", source_ip=scope["client"][0], user_agent=agent,
+                           server_side=False, now=datetime.now(UTC))
+        os.write(self.fd, orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE))
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"15")]})
         await send({"type": "http.response.body", "body": b'{"status":"ok"}'})
@@ -107,7 +116,8 @@ class Baseline:
 if __name__ == "__main__":
     # The same uvicorn settings as `eventspark serve`.
     config = Config.model_validate({"server": {"host": "127.0.0.1", "port": int(sys.argv[2])}})
-    uvicorn.Server(uvicorn_config(Baseline(sys.argv[1]), config)).run()
+    app = Baseline(sys.argv[1], enrich=sys.argv[3] == "enrich")
+    uvicorn.Server(uvicorn_config(app, config)).run()
 """
 
 
@@ -132,8 +142,8 @@ def start_eventspark(work: Path, port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen([str(VENV_BIN / "eventspark"), "serve", "-c", str(path)], **_quiet())
 
 
-def start_baseline(work: Path, port: int) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-c", BASELINE_APP, str(work / "baseline.log"), str(port)]
+def start_baseline(work: Path, port: int, mode: str = "plain") -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-c", BASELINE_APP, str(work / f"baseline-{mode}.log"), str(port), mode]
     return subprocess.Popen(command, **_quiet())
 
 
@@ -289,9 +299,10 @@ def load(wrk: str | None, port: int, body: bytes, connections: int, duration: in
 
 def measure(wrk: str | None, body: bytes, args: argparse.Namespace, work: Path) -> dict[str, tuple[Result, float]]:
     """Alternating rounds; per server the round with the best req/s, and the median CPU per request."""
-    ports = {"baseline": free_port(), "eventspark": free_port()}
+    ports = {name: free_port() for name in ("baseline", "base+enrich", "eventspark")}
     servers = {
         "baseline": start_baseline(work, ports["baseline"]),
+        "base+enrich": start_baseline(work, ports["base+enrich"], "enrich"),
         "eventspark": start_eventspark(work, ports["eventspark"]),
     }
     rounds: dict[str, list[Result]] = {name: [] for name in servers}
@@ -331,6 +342,8 @@ def report(results: dict[str, tuple[Result, float]]) -> int:
     base = results["baseline"][0]
     ratio = ours.rps / base.rps
     print(f"eventspark/baseline: req/s {ratio:.3f}; CPU per request {base.cpu_us / ours.cpu_us:.3f}")
+    floor = results["base+enrich"][0]
+    print(f"base+enrich/baseline (the floor set by ContextEnrichment): req/s {floor.rps / base.rps:.3f}")
     checks = {
         f"req/s ratio {ratio:.3f} >= {TARGET_RATIO}": ratio >= TARGET_RATIO,
         f"p99 {ours.p99_ms:.2f} ms < {TARGET_P99_MS} ms": ours.p99_ms < TARGET_P99_MS,

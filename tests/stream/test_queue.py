@@ -12,16 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from eventspark.stream.queue import (
-    FRAME,
-    MAGIC,
-    READ_CHUNK,
-    QueueBusy,
-    QueueReader,
-    QueueWriter,
-    frame,
-    segment_name,
-)
+from eventspark.stream.queue import READ_CHUNK, QueueBusy, QueueReader, QueueWriter
+from eventspark.stream.segments import FRAME, MAGIC, frame, segment_name
 
 WRITER_SCRIPT = """
 import sys

@@ -63,6 +63,7 @@ class ChunkBuffer:
     __slots__ = (
         "existing",
         "fixed_types",
+        "kinds",
         "mixed",
         "primary_keys",
         "rows",
@@ -81,6 +82,8 @@ class ChunkBuffer:
         self.rows: list[dict[str, Any]] = []
         self.seqs: list[int] = []
         self.types: dict[str, DataType] = {}
+        # Per column, the Python type of values that need no work: `types` as seen by the fast path.
+        self.kinds: dict[str, type | None] = {}
         self.sql_types: dict[str, str] = {}
         self.mixed: set[str] = set()
         self.fixed_types: dict[str, tuple[DataType, str | None]] = {}
@@ -93,12 +96,12 @@ class ChunkBuffer:
         for key in self.primary_keys:
             if values.get(key) is None:
                 return f"primary key field {key!r} is missing"
-        types = self.types
+        expected = self.kinds.get
         for name, value in values.items():
             # Fast path, most values: the column's type is known in this chunk and the value is
             # already of its stage kind, so nothing changes (TIMESTAMP always takes the slow path).
             kind = type(value)
-            if kind is _SAME_KIND.get(types.get(name)) and (kind is not int or value <= _INT64_MAX):  # type: ignore[arg-type]
+            if kind is expected(name) and (kind is not int or value <= _INT64_MAX):
                 continue
             error = self._add_value(values, name, value, casts)
             if error is not None:
@@ -121,9 +124,9 @@ class ChunkBuffer:
             self.mixed.add(name)
         current = self.types.get(name)
         if current is None:
-            self.types[name] = found
+            self._set_type(name, found)
         elif current is not found:
-            self.types[name] = promote(current, found)
+            self._set_type(name, promote(current, found))
             self.mixed.add(name)
         if found is DataType.STRING and type(value) is not str:
             self.mixed.add(name)  # a structure a mapping constant put there: staged as JSON text
@@ -141,8 +144,13 @@ class ChunkBuffer:
         self.fixed_types[name] = (stage, cast)
         return stage
 
+    def _set_type(self, name: str, data_type: DataType) -> None:
+        self.types[name] = data_type
+        self.kinds[name] = _SAME_KIND.get(data_type)
+
     def _fit(self, values: dict[str, Any], name: str, value: Any, stage: DataType) -> str | None:
-        self.types[name] = stage
+        if self.types.get(name) is not stage:
+            self._set_type(name, stage)
         if (
             type(value) is _STAGE_KIND[stage]
             and stage is not DataType.TIMESTAMP
@@ -170,7 +178,7 @@ class ChunkBuffer:
                 row.append(seq)
         fields = {name: Field(t, self.sql_types.get(name)) for name, t in types.items()}
         header = BatchHeader(self.table, fields)
-        self.rows, self.seqs, self.types, self.mixed = [], [], {}, set()
+        self.rows, self.seqs, self.types, self.kinds, self.mixed = [], [], {}, {}, set()
         return stage_types, rows, header
 
 

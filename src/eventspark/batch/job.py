@@ -19,6 +19,7 @@ import shutil
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,9 @@ from typing import Any
 import orjson
 
 from eventspark.batch.load import Fault, PairLoad, load_pair
-from eventspark.batch.partition import NO_TABLE, SUMMARY_SCHEMA, process_partition
+from eventspark.batch.partition import NO_TABLE, SUMMARY_FIELDS, process_splits
 from eventspark.batch.plan import DEFAULT_CHUNK_ROWS, JobPlan, token_routes
+from eventspark.batch.splits import Split, plan_splits
 from eventspark.config import LoadedConfig
 from eventspark.coordination import Coordination
 from eventspark.destinations import build_destination
@@ -216,17 +218,17 @@ class BatchJob:
     # --- the job ------------------------------------------------------------------------------
 
     def _execute(self, session: Any, logs: list[Path], plan: JobPlan) -> _Collected:
-        frame = session.read.text([str(p) for p in logs]).select("value", "_metadata.file_name")
+        context = session.sparkContext
+        splits = plan_splits(logs, context.defaultParallelism)
 
-        def task(batches: Any) -> Any:
-            from pyspark import TaskContext
+        def task(index: int, mine: Iterator[Split]) -> list[tuple[Any, ...]]:
+            return process_splits(plan, index, mine)
 
-            context = TaskContext.get()
-            return process_partition(plan, context.partitionId() if context else 0, batches)
-
+        # One split per task; only the summary rows come back to the driver.
+        rows = context.parallelize(splits, len(splits)).mapPartitionsWithIndex(task).collect()
         collected = _Collected()
-        for row in frame.mapInArrow(task, SUMMARY_SCHEMA).collect():
-            _fold(collected, row)
+        for row in rows:
+            _fold(collected, dict(zip(SUMMARY_FIELDS, row, strict=True)))
         return collected
 
     # --- after the job ------------------------------------------------------------------------

@@ -1,14 +1,14 @@
 """The executor side of the job: one Spark task's lines through the step chain into the stage.
 
-Input: Arrow batches of (line, rotated log name). Output: one small Arrow batch of summary rows,
-counts per (log, destination, table), the staged chunks with their BatchHeaders, and the spool
-files of failed events. Events never leave the executor except into the warehouse's stage.
+Input: byte ranges of rotated logs, read by the task itself. Output: a few summary rows, counts
+per (log, destination, table), the staged chunks with their BatchHeaders, and the spool files of
+failed events. Events never leave the executor except into the warehouse's stage.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -16,15 +16,15 @@ import orjson
 
 from eventspark.batch.chunks import ChunkBuffer
 from eventspark.batch.plan import JobPlan
+from eventspark.batch.splits import Split, read_split
 from eventspark.destinations.base import StageWriter
 from eventspark.logs.failed import event_error_line, event_id_of
 from eventspark.steps.chain import DestinationChain, Failure
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
 
-SUMMARY_SCHEMA = (
-    "kind string, file string, dest string, tbl string, rows long, failed long, skipped long, "
-    "spool string, payload string"
-)
+SUMMARY_FIELDS = ("kind", "file", "dest", "tbl", "rows", "failed", "skipped", "spool", "payload")
+"""The fields of a summary row (a tuple): ("count", log, destination, table, rows, failed, skipped,
+failed-event spool, None) or ("chunk", None, destination, table, 0, 0, 0, None, chunk JSON)."""
 NO_TABLE = ""
 """The table of events that never got one: template failures, skips, unreadable lines."""
 
@@ -39,34 +39,17 @@ def _lookups(geo_path: str | None) -> tuple[GeoResolver | None, UserAgentParser]
     return found
 
 
-def process_partition(plan: JobPlan, partition_id: int, batches: Iterator[Any]) -> Iterator[Any]:
-    """The body of `mapInArrow`: consumes the task's batches, yields its summary."""
-    import pyarrow as pa
-
-    task = PartitionTask(plan, partition_id)
+def process_splits(plan: JobPlan, task_id: int, splits: Iterable[Split]) -> list[tuple[Any, ...]]:
+    """The body of a Spark task: reads its splits, runs every line, returns the summary rows."""
+    task = PartitionTask(plan, task_id)
     try:
-        for batch in batches:
-            lines = batch.column(0).to_pylist()
-            files = batch.column(1).to_pylist()
-            for line, file in zip(lines, files, strict=True):
+        for split in splits:
+            file = split.name
+            for line in read_split(split):
                 task.add_line(line, file)
-        rows = task.finish()
+        return task.finish()
     finally:
         task.close()
-    names = [part.split()[0] for part in SUMMARY_SCHEMA.split(", ")]
-    yield pa.RecordBatch.from_pylist(
-        [dict(zip(names, row, strict=True)) for row in rows], schema=_arrow_schema()
-    )
-
-
-def _arrow_schema() -> Any:
-    import pyarrow as pa
-
-    fields = []
-    for part in SUMMARY_SCHEMA.split(", "):
-        name, kind = part.split()
-        fields.append(pa.field(name, pa.string() if kind == "string" else pa.int64()))
-    return pa.schema(fields)
 
 
 class PartitionTask:
@@ -87,12 +70,10 @@ class PartitionTask:
         chain = self.chains.get(dest_id)
         if chain is None:
             geo, ua = _lookups(self.plan.geo_path)
-            chain = self.chains[dest_id] = DestinationChain.build(
-                dest_id, self.plan.destinations[dest_id], geo, ua
-            )
+            chain = self.chains[dest_id] = DestinationChain.build(dest_id, self.plan.destinations[dest_id], geo, ua)
         return chain
 
-    def add_line(self, line: str, file: str) -> None:
+    def add_line(self, line: bytes, file: str) -> None:
         self.line_number += 1
         file_token = self.plan.file_tokens.get(file, "")
         try:
@@ -113,7 +94,7 @@ class PartitionTask:
             # The chain changes the event it runs on: every destination but the last gets a copy.
             self.route(file, dest_id, event if index == last else orjson.loads(line), line)
 
-    def route(self, file: str, dest_id: str, event: dict[str, Any], line: str) -> None:
+    def route(self, file: str, dest_id: str, event: dict[str, Any], line: bytes) -> None:
         result = self.chain(dest_id).process(event)
         if result is None:
             self.count(file, dest_id, NO_TABLE)[2] += 1
@@ -154,13 +135,13 @@ class PartitionTask:
             counts = self.counts[key] = [0, 0, 0]
         return counts
 
-    def fail(self, file: str, dest_id: str, table: str, line: str, error: str) -> None:
+    def fail(self, file: str, dest_id: str, table: str, line: bytes, error: str) -> None:
         self.count(file, dest_id, table)[1] += 1
         try:
             original: Any = orjson.loads(line)  # the event as received, not as the chain left it
             event: Any = orjson.Fragment(line)
         except orjson.JSONDecodeError:
-            original = event = line
+            original = event = line.decode("utf-8", errors="replace")
         self.spool(file, dest_id, table).write(event_error_line(event, error, event_id_of(original)))
 
     def spool(self, file: str, dest_id: str, table: str) -> IO[bytes]:
@@ -194,9 +175,7 @@ class PartitionTask:
         out: list[tuple[Any, ...]] = []
         for (file, dest_id, table), (rows, failed, skipped) in self.counts.items():
             spool = self.spools.get((file, dest_id, table))
-            out.append(
-                ("count", file, dest_id, table, rows, failed, skipped, str(spool[0]) if spool else None, None)
-            )
+            out.append(("count", file, dest_id, table, rows, failed, skipped, str(spool[0]) if spool else None, None))
         for dest_id, table, payload in self.chunks:
             out.append(("chunk", None, dest_id, table, 0, 0, 0, None, payload.decode()))
         return out

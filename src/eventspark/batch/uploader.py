@@ -24,9 +24,7 @@ class Uploader:
         self.loaded = loaded
         self.period = loaded.config.log.uploader_period_sec
         self._own_coordination = coordination is None
-        self.coordination = coordination or build_coordination(
-            loaded.config.coordination, loaded.config.server.name
-        )
+        self.coordination = coordination or build_coordination(loaded.config.coordination, loaded.config.server.name)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

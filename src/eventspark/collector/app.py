@@ -9,6 +9,7 @@ handed to the OS with `os.write` (and fsynced with `server.fsync`) before its 20
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from eventspark.collector.metrics import CollectorMetrics
 from eventspark.collector.multiplex import Route, build_routes
 from eventspark.config.models import Config
 from eventspark.logs.incoming import IncomingLogs
+from eventspark.logs.queue_spool import spool_dir
 from eventspark.steps.context import client_ip, enrich_context
 
 logger = logging.getLogger(__name__)
@@ -34,13 +36,16 @@ _DUMPS_OPTION = orjson.OPT_APPEND_NEWLINE
 
 
 class CollectorApp:
+    """The EventNative API over this process's incoming logs and stream spools (see module doc)."""
+
     def __init__(self, config: Config, worker: int | None = None) -> None:
         self.config = config
         self.server_name = config.server.name or DEFAULT_SERVER_NAME
         self.max_event_size = config.server.max_event_size
         self.admin_token = config.server.admin_token
         self.tokens = TokenTable(config.api_keys)
-        self.logs = IncomingLogs(Path(config.log.path) / "incoming", worker, fsync=config.server.fsync)
+        self.log_path = Path(config.log.path)
+        self.logs = IncomingLogs(self.log_path / "incoming", worker, fsync=config.server.fsync)
         self.routes, self.spools = build_routes(config, self.tokens.tokens, self.logs, worker)
         self.metrics = CollectorMetrics(self.routes, _endpoint_names())
         self.metrics.watch_queues(self.routes.values())
@@ -52,8 +57,8 @@ class CollectorApp:
 
     def open(self) -> None:
         self.logs.incoming_dir.mkdir(parents=True, exist_ok=True)
-        for spool in self.spools.values():
-            spool.file.path.parent.mkdir(parents=True, exist_ok=True)
+        for dest_id in self.spools:
+            spool_dir(self.log_path, dest_id).mkdir(parents=True, exist_ok=True)
         if self.group_commit is not None:
             self.group_commit.start()
         self._open = True
@@ -64,7 +69,8 @@ class CollectorApp:
             return []
         self._open = False
         if self._rotation is not None:
-            self._rotation.cancel()
+            with contextlib.suppress(RuntimeError):  # its loop may be closed already (forced exit)
+                self._rotation.cancel()
             self._rotation = None
         if self.group_commit is not None:
             self.group_commit.stop()

@@ -12,9 +12,9 @@ import contextlib
 import threading
 from collections.abc import Sequence
 
-from eventspark.logs.incoming import AppendOnlyFile
+from eventspark.collector.multiplex import LineFile
 
-_Waiter = tuple[Sequence[AppendOnlyFile], asyncio.Future[None], asyncio.AbstractEventLoop]
+_Waiter = tuple[Sequence[LineFile], asyncio.Future[None], asyncio.AbstractEventLoop]
 
 
 class GroupCommit:
@@ -28,7 +28,7 @@ class GroupCommit:
         self._thread = threading.Thread(target=self._run, name="eventspark-fsync", daemon=True)
         self._thread.start()
 
-    async def sync(self, files: Sequence[AppendOnlyFile]) -> None:
+    async def sync(self, files: Sequence[LineFile]) -> None:
         """Returns once every file in `files` was fsynced after this call; raises OSError if it failed."""
         if not files:
             return

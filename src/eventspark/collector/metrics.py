@@ -15,8 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from eventspark.collector.multiplex import Route
-from eventspark.logs.incoming import AppendOnlyFile
+from eventspark.collector.multiplex import LineFile, Route
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -113,5 +112,5 @@ class CollectorMetrics(Collector):
         return generate_latest(self.registry)
 
 
-def _lines_of(files: list[AppendOnlyFile]) -> Callable[[], int]:
+def _lines_of(files: list[LineFile]) -> Callable[[], int]:
     return lambda: sum(f.lines for f in files)

@@ -10,11 +10,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from eventspark.collector.auth import Token
 from eventspark.config.models import Config, Destination
 from eventspark.logs.incoming import AppendOnlyFile, IncomingLogs
 from eventspark.logs.queue_spool import StreamSpool, spool_dir
+
+
+class LineFile(Protocol):
+    """What the collector needs of a file it appends event lines to (incoming log, stream queue)."""
+
+    lines: int
+
+    def write(self, data: bytes, lines: int = 1) -> None: ...
+
+    def fsync(self) -> None: ...
+
+    def close(self, sync: bool = False) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +39,7 @@ class Route:
     stream_destinations: tuple[str, ...]
     incoming: AppendOnlyFile | None
     spools: tuple[StreamSpool, ...]
-    files: tuple[AppendOnlyFile, ...]
+    files: tuple[LineFile, ...]
     """Every file a line of this token is appended to: the incoming log, then the spools."""
 
     @property
@@ -63,5 +76,5 @@ def _route(
     stream = tuple(d for d in taking if destinations[d].mode == "stream")
     incoming = logs.file_for(token.id) if batch else None
     route_spools = tuple(spools[d] for d in stream)
-    files = ((incoming,) if incoming is not None else ()) + tuple(s.file for s in route_spools)
+    files: tuple[LineFile, ...] = ((incoming,) if incoming is not None else ()) + tuple(s.file for s in route_spools)
     return Route(token.id, batch, stream, incoming, route_spools, files)

@@ -85,6 +85,7 @@ def _exit_quietly(signum: int, frame: FrameType | None) -> None:
 
 
 def _serve_workers(config: Config) -> None:
+    # Bound once here with uvicorn's own settings; the app passed is never served.
     sock = uvicorn_config(CollectorApp(config), config).bind_socket()
     # fork: workers inherit the socket and the server lock; nothing runs threads yet.
     context = multiprocessing.get_context("fork")
@@ -109,6 +110,10 @@ def _serve_workers(config: Config) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
+    failed = [p.name for p in workers if p.exitcode not in (0, -signal.SIGTERM, -signal.SIGINT)]
+    if failed:
+        logger.error("collector worker(s) %s ended abnormally", ", ".join(failed))
+        raise SystemExit(1)
 
 
 def _worker_main(config: Config, worker: int, sock: socket.socket) -> None:

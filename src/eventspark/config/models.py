@@ -271,6 +271,16 @@ class UsersRecognition(Section):
     user_id_node: str = "/eventn_ctx/user/internal_id"
 
 
+class StreamConfig(Section):
+    """Micro-batching and retries of the stream workers."""
+
+    batch_events: int = Field(default=1000, ge=1, description="most events in one micro-batch")
+    batch_wait_ms: float = Field(default=100, gt=0, description="idle wait for the first event")
+    retry_min_sec: float = Field(default=0.5, gt=0, description="first backoff after a connection error")
+    retry_max_sec: float = Field(default=60, gt=0, description="longest backoff")
+    poll_ms: float = Field(default=10, gt=0, description="how often an idle worker looks for new events")
+
+
 class SparkConfig(Section):
     """Where the batch job runs: `local[*]` by default, any Spark master URL by configuration."""
 
@@ -299,6 +309,7 @@ class Config(Section):
     coordination: CoordinationConfig | None = None
     users_recognition: UsersRecognition = Field(default_factory=UsersRecognition)
     spark: SparkConfig = Field(default_factory=SparkConfig)
+    stream: StreamConfig = Field(default_factory=StreamConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -8,7 +8,8 @@ before the acknowledgement redelivers the batch: delivery is at-least-once, and 
 Files in the directory:
 
 * `<writer>.<NNNNNNNNNNNN>.dque` — segment files of one writer (`main`, or `w<n>` for collector
-  worker process n), numbered from 1. A segment is an 8-byte magic `ESQUEUE1` followed by records:
+  worker process n), numbered from 1 (`stream.segments` holds the format). A segment is an 8-byte magic
+  `ESQUEUE1` followed by records:
 
       u32 little-endian  payload length (1 .. 2^31)
       u32 little-endian  CRC-32 (zlib) of the payload
@@ -34,31 +35,33 @@ never a loss. The queue is bounded only by the disk.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
-import re
-import struct
 import threading
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
+from eventspark.stream.segments import (
+    END_OF_SEGMENT,
+    FRAME,
+    MAGIC,
+    frame_lines,
+    list_segments,
+    parse_records,
+    segment_name,
+    try_flock,
+)
+
 __all__ = ["QueueBusy", "QueueReader", "QueueWriter", "queue_dir"]
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"ESQUEUE1"
-FRAME = struct.Struct("<II")
-END_OF_SEGMENT = FRAME.pack(0, 0)
-MAX_RECORD = 1 << 31
 SEGMENT_BYTES = 16 * 1024 * 1024
 READ_CHUNK = 1024 * 1024
 OFFSETS_FILE = "offsets.json"
 CONSUMER_LOCK = "lock.lock"
-_SEGMENT_NAME = re.compile(r"^(?P<writer>[A-Za-z0-9_-]+)\.(?P<seq>\d{12})\.dque$")
 
 # In-process wake-ups: a writer in the consumer's own process wakes it at once; a writer in
 # another process is noticed by polling.
@@ -80,10 +83,6 @@ def writer_name(worker: int | None) -> str:
     return "main" if worker is None else f"w{worker}"
 
 
-def segment_name(writer: str, seq: int) -> str:
-    return f"{writer}.{seq:012d}.dque"
-
-
 def _wakeup(directory: Path) -> threading.Event:
     key = str(directory.resolve())
     with _wakeups_lock:
@@ -91,46 +90,6 @@ def _wakeup(directory: Path) -> threading.Event:
         if event is None:
             event = _wakeups[key] = threading.Event()
         return event
-
-
-def _try_flock(path: Path) -> int | None:
-    """An fd holding an exclusive flock on `path`, or None when another holder has it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _segments(directory: Path) -> dict[str, list[int]]:
-    """Segment numbers per writer, ascending."""
-    found: dict[str, list[int]] = {}
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return found
-    for name in names:
-        match = _SEGMENT_NAME.match(name)
-        if match is not None:
-            found.setdefault(match.group("writer"), []).append(int(match.group("seq")))
-    for seqs in found.values():
-        seqs.sort()
-    return found
-
-
-def frame(payload: bytes) -> bytes:
-    """One record: length, CRC-32, payload."""
-    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
-
-
-def frame_lines(data: bytes) -> bytes:
-    """Every non-empty line of `data` (newline-terminated lines) as one record each."""
-    if data.count(b"\n") <= 1:
-        line = data[:-1] if data.endswith(b"\n") else data
-        return frame(line) if line else b""
-    return b"".join(frame(line) for line in data.split(b"\n") if line)
 
 
 # --- writing --------------------------------------------------------------------------------------
@@ -186,11 +145,11 @@ class QueueWriter:
 
     def _open(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        lock_fd = _try_flock(self.path / f"{self.writer}.writer.lock")
+        lock_fd = try_flock(self.path / f"{self.writer}.writer.lock")
         if lock_fd is None:
             raise QueueBusy(f"another process writes {self.path} as {self.writer!r}")
         self._lock_fd = lock_fd
-        seqs = _segments(self.path).get(self.writer, [])
+        seqs = list_segments(self.path).get(self.writer, [])
         self._new_segment((seqs[-1] if seqs else 0) + 1)
         self._wakeup = _wakeup(self.path)
 
@@ -273,7 +232,7 @@ class QueueReader:
 
     def open(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = _try_flock(self.path / CONSUMER_LOCK)
+        fd = try_flock(self.path / CONSUMER_LOCK)
         if fd is None:
             raise QueueBusy(f"another process consumes {self.path}")
         self._lock_fd = fd
@@ -313,7 +272,7 @@ class QueueReader:
     def _read_available(self, max_records: int) -> list[bytes]:
         assert self._wakeup is not None
         self._wakeup.clear()  # before reading: an append after this point wakes the next wait
-        segments = _segments(self.path)
+        segments = list_segments(self.path)
         records: list[bytes] = []
         for writer, seqs in segments.items():
             if len(records) >= max_records:
@@ -390,11 +349,11 @@ class QueueReader:
             data = os.pread(fd, READ_CHUNK, part.position)
             if not data:
                 return "stuck"
-            state, used = _parse(data, out, limit)
+            state, used = parse_records(data, out, limit)
             if state == "need" and used == 0 and len(data) == READ_CHUNK:
                 data = self._read_large(fd, part.position)
                 if data:
-                    state, used = _parse(data, out, limit)
+                    state, used = parse_records(data, out, limit)
             part.position += used
             if state == "end":
                 part.position += FRAME.size
@@ -427,7 +386,7 @@ class QueueReader:
         self._delete_consumed()
 
     def _delete_consumed(self) -> None:
-        for writer, seqs in _segments(self.path).items():
+        for writer, seqs in list_segments(self.path).items():
             part = self._partitions.get(writer)
             if part is None:
                 continue
@@ -447,7 +406,7 @@ class QueueReader:
         another thread than the reading one."""
         acked = {p.writer: p.acked for p in list(self._partitions.values())}
         total = 0
-        for writer, seqs in _segments(self.path).items():
+        for writer, seqs in list_segments(self.path).items():
             seq_acked, position = acked.get(writer, (seqs[0], 0))
             for seq in seqs:
                 if seq < seq_acked:
@@ -475,28 +434,3 @@ class QueueReader:
 
 class _CorruptSegment(Exception):
     """The segment does not start with the magic bytes."""
-
-
-def _parse(data: bytes, out: list[bytes], limit: int) -> tuple[str, int]:
-    """Complete valid records of `data` into `out`. Returns (state, bytes used): "more" (all of
-    `data` used or limit reached), "end" (end marker at `used`), "need" (an incomplete record at
-    `used`), "bad" (a CRC mismatch or impossible length at `used`)."""
-    view = memoryview(data)
-    pos, size, unpack, crc32 = 0, len(data), FRAME.unpack_from, zlib.crc32
-    while len(out) < limit:
-        if size - pos < FRAME.size:
-            return ("need" if pos < size else "more"), pos
-        length, crc = unpack(data, pos)
-        if length == 0:
-            return ("end" if crc == 0 else "bad"), pos
-        if length >= MAX_RECORD:
-            return "bad", pos
-        end = pos + FRAME.size + length
-        if end > size:
-            return "need", pos
-        payload = view[pos + FRAME.size : end]
-        if crc32(payload) != crc:
-            return "bad", pos
-        out.append(payload.tobytes())
-        pos = end
-    return "more", pos

@@ -1,0 +1,364 @@
+"""Batch loads into ClickHouse or MySQL against a raw-insert floor measured in the same run.
+
+    .venv/bin/python bench/destinations.py --destination clickhouse|mysql [--events N] [--master local[*]]
+
+1. generates N web events (bench/generate.py) as rotated incoming logs;
+2. pipeline: one batch pass (after a 20k-event warm-up pass on the same SparkSession) into a fresh
+   database: the step chain, staging, commit;
+3. adapter: the same events flattened and typed beforehand (untimed), then staged and committed
+   through the adapter from one process (timed): the load path without Spark and the steps;
+4. floor: the same pre-flattened rows converted to the target's column types (untimed) and
+   inserted into a copy of the pipeline's table from one process (timed: encoding + insert), the
+   fastest way found: ClickHouse `INSERT ... FORMAT TabSeparated` over HTTP (and the native
+   protocol through clickhouse-driver when it is installed); MySQL `LOAD DATA LOCAL INFILE`.
+
+ClickHouse is the test server of scripts/clickhouse.sh (started in a temporary folder); MySQL is
+the machine's MariaDB at 127.0.0.1:3306. Prints events/s and the ratios (target: pipeline ≥ 0.5×).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from eventspark.batch.chunks import ChunkBuffer
+from eventspark.batch.process import run_pass
+from eventspark.batch.session import get_session
+from eventspark.config import LoadedConfig
+from eventspark.config.loading import validate_config
+from eventspark.coordination import MemoryCoordination
+from eventspark.destinations import build_destination
+from eventspark.destinations.base import DestinationAdapter, Load
+from eventspark.destinations.clickhouse.tsv import escape
+from eventspark.logs.incoming import rotated_log_name
+from eventspark.steps.diff import diff, table_from_header
+from eventspark.steps.flatten import flatten
+from eventspark.steps.typing import DataType, coerce
+from generate import generate_events
+
+ROOT = Path(__file__).resolve().parent.parent
+CHUNK = 50_000
+EVENTS_PER_FILE = 250_000
+WARMUP_EVENTS = 20_000
+MYSQL = {"host": "127.0.0.1", "port": 3306, "username": "root"}
+
+
+def generate_logs(folder: Path, n: int, seed: int) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    out = None
+    for i, event in enumerate(generate_events(n, seed=seed)):
+        if i % EVENTS_PER_FILE == 0:
+            if out is not None:
+                out.close()
+            paths.append(folder / f"part-{len(paths):04d}.log")
+            out = paths[-1].open("wb")
+        assert out is not None
+        out.write(orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE))
+    if out is not None:
+        out.close()
+    return paths
+
+
+class Warehouse:
+    """What differs between the two destinations: config, counting, the floor insert."""
+
+    def __init__(self, kind: str, work: Path) -> None:
+        self.kind = kind
+        self.work = work
+        self.db = f"bench_{uuid.uuid4().hex[:8]}"
+        self.ch_dir = work / "clickhouse"
+        self.http_port = self.tcp_port = 0
+
+    def start(self) -> None:
+        if self.kind == "clickhouse":
+            self.http_port, self.tcp_port = _free_port(), _free_port()
+            script = ROOT / "scripts" / "clickhouse.sh"
+            subprocess.run(
+                [str(script), "start", str(self.ch_dir), str(self.http_port), str(self.tcp_port)], check=True
+            )
+
+    def stop(self) -> None:
+        if self.kind == "clickhouse":
+            subprocess.run([str(ROOT / "scripts" / "clickhouse.sh"), "stop", str(self.ch_dir)], check=True)
+        else:
+            self.mysql(f"DROP DATABASE IF EXISTS `{self.db}`")
+
+    def destination(self) -> dict[str, Any]:
+        if self.kind == "clickhouse":
+            return {"type": "clickhouse", "clickhouse": {"dsns": [f"http://127.0.0.1:{self.http_port}"], "db": self.db}}
+        return {"type": "mysql", "datasource": {**MYSQL, "db": self.db}}
+
+    def config(self, root: Path, master: str, table: str) -> LoadedConfig:
+        dest = {**self.destination(), "data_layout": {"table_name_template": table}}
+        raw = {
+            "api_keys": [{"id": "bench", "client_secret": "bench-token", "server_secret": "bench-s2s"}],
+            "log": {"path": str(root / "events")},
+            "destinations": {"wh": dest},
+            "spark": {"master": master},
+        }
+        return LoadedConfig(config=validate_config(raw))
+
+    def ch(self, sql: str, data: bytes | None = None) -> bytes:
+        from eventspark.destinations.clickhouse.http import Client, parse_dsn
+
+        client = Client(parse_dsn(f"http://127.0.0.1:{self.http_port}"))
+        try:
+            return client.execute(sql, data)
+        finally:
+            client.close()
+
+    def mysql(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
+        import pymysql
+
+        conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True, local_infile=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, args)
+                return list(cur.fetchall())
+        finally:
+            conn.close()
+
+    def count(self, table: str) -> int:
+        if self.kind == "clickhouse":
+            return int(self.ch(f"SELECT count() FROM `{self.db}`.`{table}`"))
+        return int(self.mysql(f"SELECT count(*) FROM `{self.db}`.`{table}`")[0][0])
+
+    def copy_table(self, source: str, copy: str) -> None:
+        if self.kind == "clickhouse":
+            self.ch(f"CREATE TABLE `{self.db}`.`{copy}` AS `{self.db}`.`{source}`")
+        else:
+            self.mysql(f"CREATE TABLE `{self.db}`.`{copy}` LIKE `{self.db}`.`{source}`")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_pipeline(
+    wh: Warehouse, work: Path, files: list[Path], master: str, session: Any, n: int, table: str = "events"
+) -> float:
+    root = work / f"pipeline-{table}"
+    loaded = wh.config(root, master, table)
+    incoming = root / "events" / "incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    for i, path in enumerate(files):
+        os.link(path, incoming / rotated_log_name("bench", at + timedelta(seconds=i)))
+    started = time.perf_counter()
+    result = run_pass(loaded, MemoryCoordination("bench"), session=session)
+    elapsed = time.perf_counter() - started
+    if not result.ok or wh.count(table) != n:
+        raise SystemExit(f"pipeline run is wrong: ok={result.ok}, {wh.count(table)} rows for {n} events")
+    shutil.rmtree(root, ignore_errors=True)
+    return elapsed
+
+
+def typed_chunks(files: list[Path]) -> list[tuple[dict[str, DataType], list[list[Any]], Any]]:
+    """The events flattened and typed as an executor stages them, in chunks (untimed)."""
+    chunks = []
+    buffer = ChunkBuffer("events", None)
+    for path in files:
+        for line in path.open("rb"):
+            buffer.add(flatten(orjson.loads(line)), {})
+            if len(buffer) == CHUNK:
+                chunks.append(buffer.take())
+    if len(buffer):
+        chunks.append(buffer.take())
+    return chunks
+
+
+def run_adapter(wh: Warehouse, chunks: list[Any], work: Path) -> float:
+    """Stage and commit the typed chunks through the adapter, from this process."""
+    adapter: DestinationAdapter = build_destination("wh", _validated(wh), work)
+    header = chunks[0][2]
+    for _columns, _rows, more in chunks[1:]:
+        header.merge(more)
+    header.table_name = "adapter_events"
+    adapter.patch(diff(adapter.read_table("adapter_events"), table_from_header(header, adapter.dialect.column_type)))
+    target = adapter.read_table("adapter_events")
+    assert target is not None
+    started = time.perf_counter()
+    writer = adapter.stage_target("bench").open()
+    staged = [writer.write(columns, rows) for columns, rows, _header in chunks]
+    writer.close()
+    adapter.commit(Load("wh", target, staged, ["bench-log"]))
+    elapsed = time.perf_counter() - started
+    adapter.close()
+    return elapsed
+
+
+def _validated(wh: Warehouse) -> Any:
+    raw = {"destinations": {"wh": wh.destination()}}
+    return validate_config(raw).destinations["wh"]
+
+
+def run_floor(wh: Warehouse, chunks: list[Any]) -> tuple[float, str]:
+    """The fastest raw insert of the same rows into a copy of the pipeline's table."""
+    wh.copy_table("events", "floor_events")
+    table = _validated(wh)
+    adapter = build_destination("wh", table, wh.work)
+    target = adapter.read_table("floor_events")
+    assert target is not None
+    columns = list(target.columns)
+    kinds = [adapter.data_type_of(t) for t in target.columns.values()]
+    prepared = [_floor_rows(wh.kind, chunk_columns, rows, columns, kinds) for chunk_columns, rows, _h in chunks]
+    adapter.close()
+    results: list[tuple[float, str]] = []
+    if wh.kind == "clickhouse":
+        results.append((_timed(lambda: _floor_http(wh, columns, prepared)), "HTTP TabSeparated"))
+        native = _floor_native(wh, columns, prepared)
+        if native is not None:
+            results.append((native, "native protocol (clickhouse-driver)"))
+    else:
+        results.append((_timed(lambda: _floor_load_data(wh, columns, prepared)), "LOAD DATA LOCAL INFILE"))
+    return min(results)
+
+
+def _floor_rows(
+    kind: str, have: dict[str, DataType], rows: list[list[Any]], columns: list[str], kinds: list[Any]
+) -> list[list[Any]]:
+    index = {c: i for i, c in enumerate(have)}
+    out = []
+    for row in rows:
+        values = []
+        for column, target in zip(columns, kinds, strict=True):
+            value = row[index[column]] if column in index else None
+            if value is not None and target is DataType.TIMESTAMP:
+                value = coerce(value, DataType.TIMESTAMP).replace(tzinfo=None)  # type: ignore[union-attr]
+                if kind == "clickhouse":  # DateTime text has whole seconds
+                    value = value.replace(microsecond=0)
+            if value is None and kind == "clickhouse":
+                value = _CH_DEFAULTS.get(target, "")
+            values.append(value)
+        out.append(values)
+    return out
+
+
+_CH_DEFAULTS: dict[Any, Any] = {
+    DataType.BOOL: 0,
+    DataType.INT64: 0,
+    DataType.FLOAT64: 0.0,
+    DataType.TIMESTAMP: datetime(1970, 1, 2),
+    DataType.STRING: "",
+}
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _tsv(rows: list[list[Any]]) -> bytes:
+    def text(v: Any) -> str:
+        if v is None:
+            return "\\N"
+        if v is True or v is False:
+            return "1" if v else "0"
+        return escape(v) if isinstance(v, str) else str(v)
+
+    return ("".join("\t".join(map(text, row)) + "\n" for row in rows)).encode()
+
+
+def _floor_http(wh: Warehouse, columns: list[str], prepared: list[list[list[Any]]]) -> None:
+    names = ", ".join(f"`{c}`" for c in columns)
+    for rows in prepared:
+        wh.ch(f"INSERT INTO `{wh.db}`.floor_events ({names}) FORMAT TabSeparated", _tsv(rows))
+
+
+def _floor_native(wh: Warehouse, columns: list[str], prepared: list[list[list[Any]]]) -> float | None:
+    try:
+        from clickhouse_driver import Client  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    wh.ch(f"TRUNCATE TABLE `{wh.db}`.floor_events")
+    client = Client("127.0.0.1", port=wh.tcp_port)
+    names = ", ".join(f"`{c}`" for c in columns)
+    started = time.perf_counter()
+    for rows in prepared:
+        client.execute(f"INSERT INTO `{wh.db}`.floor_events ({names}) VALUES", rows)
+    elapsed = time.perf_counter() - started
+    client.disconnect()
+    return elapsed
+
+
+def _floor_load_data(wh: Warehouse, columns: list[str], prepared: list[list[list[Any]]]) -> None:
+    import pymysql
+
+    names = ", ".join(f"`{c}`" for c in columns)
+    conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True, local_infile=True)
+    try:
+        with conn.cursor() as cur, tempfile.NamedTemporaryFile(suffix=".tsv") as file:
+            for rows in prepared:
+                file.seek(0)
+                file.truncate()
+                file.write(_tsv(rows))
+                file.flush()
+                cur.execute(
+                    f"LOAD DATA LOCAL INFILE %s INTO TABLE `{wh.db}`.floor_events CHARACTER SET utf8mb4 ({names})",
+                    (file.name,),
+                )
+    finally:
+        conn.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--destination", choices=["clickhouse", "mysql"], required=True)
+    parser.add_argument("--events", type=int, default=500_000)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--master", default="local[*]")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    work = Path(tempfile.mkdtemp(prefix="eventspark-bench-"))
+    wh = Warehouse(args.destination, work)
+    wh.start()
+    try:
+        report(args, wh, work)
+    finally:
+        wh.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def report(args: argparse.Namespace, wh: Warehouse, work: Path) -> None:
+    n = args.events
+    files = generate_logs(work / "logs", n, args.seed)
+    from eventspark.config.models import SparkConfig
+
+    session = get_session(SparkConfig(master=args.master))
+    # A first pass warms the Python workers (imports, UA parser, lookups), as a running node has.
+    warmup = generate_logs(work / "warmup", WARMUP_EVENTS, args.seed + 1)
+    run_pipeline(wh, work, warmup, args.master, session, WARMUP_EVENTS, table="warmup")
+    pipeline = run_pipeline(wh, work, files, args.master, session, n)
+    chunks = typed_chunks(files)
+    adapter = run_adapter(wh, chunks, work)
+    floor, how = run_floor(wh, chunks)
+    print(f"{args.destination}: {n} events, master {args.master}, {os.cpu_count()} CPUs")
+    print(f"  floor ({how}): {n / floor:12,.0f} events/s")
+    print(f"  adapter stage+commit:        {n / adapter:12,.0f} events/s  ({floor / adapter:.2f}x floor)")
+    print(f"  pipeline (batch pass):       {n / pipeline:12,.0f} events/s  ({floor / pipeline:.2f}x floor)")
+    ratio = floor / pipeline
+    print(f"  target pipeline >= 0.5x floor: {'met' if ratio >= 0.5 else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The ASGI app in-process (httpx.ASGITransport): failure paths that real HTTP cannot provoke."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from eventspark.collector.app import CollectorApp
+from eventspark.config.models import Config
+
+
+def make_app(tmp_path: Path, **overrides: Any) -> CollectorApp:
+    raw: dict[str, Any] = {
+        "api_keys": [{"id": "t", "client_secret": "js", "server_secret": "s2s"}],
+        "log": {"path": str(tmp_path / "events")},
+        "destinations": {"dw": {"type": "duckdb"}},
+        **overrides,
+    }
+    return CollectorApp(Config.model_validate(raw))
+
+
+def run(app: CollectorApp, scenario: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> Any:
+    """Opens the app, runs `scenario` with a client on it, closes the app."""
+
+    async def main() -> Any:
+        app.open()
+        try:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://collector") as client:
+                return await scenario(client)
+        finally:
+            app.close()
+
+    return asyncio.run(main())
+
+
+def incoming_events(tmp_path: Path) -> list[dict[str, Any]]:
+    files = sorted((tmp_path / "events" / "incoming").glob("*.log"))
+    return [orjson.loads(line) for path in files for line in path.read_bytes().splitlines()]
+
+
+def test_admin_endpoints_without_an_admin_token_are_401(tmp_path: Path) -> None:
+    async def scenario(client: httpx.AsyncClient) -> list[httpx.Response]:
+        return [await client.get(path, params={"token": ""}) for path in ("/api/v1/cluster", "/prometheus")]
+
+    for response in run(make_app(tmp_path), scenario):
+        assert response.status_code == 401
+        assert response.json()["message"] == "Admin token is not configured"
+
+
+def test_prometheus_disabled_is_404(tmp_path: Path) -> None:
+    app = make_app(tmp_path, server={"admin_token": "a", "metrics": {"prometheus": {"enabled": False}}})
+
+    async def scenario(client: httpx.AsyncClient) -> httpx.Response:
+        return await client.get("/prometheus", headers={"X-Admin-Token": "a"})
+
+    assert run(app, scenario).status_code == 404
+
+
+def test_streamed_body_is_read_whole(tmp_path: Path) -> None:
+    async def chunks() -> Any:
+        for part in (b'[{"a"', b": 1}, ", b'{"a": 2}]'):
+            yield part
+
+    async def scenario(client: httpx.AsyncClient) -> httpx.Response:
+        return await client.post("/api/v1/event?token=js", content=chunks())
+
+    assert run(make_app(tmp_path), scenario).status_code == 200
+    assert [e["a"] for e in incoming_events(tmp_path)] == [1, 2]
+
+
+def test_write_failure_is_503_and_leaves_no_partial_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_write = os.write
+    failing = {"on": False}
+
+    def write(fd: int, data: Any) -> int:
+        if failing["on"]:
+            real_write(fd, bytes(data)[:5])
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    async def scenario(client: httpx.AsyncClient) -> list[httpx.Response]:
+        first = await client.post("/api/v1/event?token=js", json={"n": 1})
+        failing["on"] = True
+        second = await client.post("/api/v1/event?token=js", json={"n": 2})
+        failing["on"] = False
+        third = await client.post("/api/v1/event?token=js", json={"n": 3})
+        return [first, second, third]
+
+    monkeypatch.setattr(os, "write", write)
+    statuses = [r.status_code for r in run(make_app(tmp_path), scenario)]
+    monkeypatch.undo()
+    assert statuses == [200, 503, 200]
+    assert [e["n"] for e in incoming_events(tmp_path)] == [1, 3]
+
+
+def test_group_commit_shares_fsyncs_between_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_fsync = os.fsync
+    calls: list[int] = []
+
+    def slow_fsync(fd: int) -> None:
+        calls.append(fd)
+        time.sleep(0.02)
+        real_fsync(fd)
+
+    async def scenario(client: httpx.AsyncClient) -> list[int]:
+        requests = [client.post("/api/v1/event?token=js", json={"n": n}) for n in range(40)]
+        return [r.status_code for r in await asyncio.gather(*requests)]
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    app = make_app(tmp_path, server={"fsync": True})
+    assert run(app, scenario) == [200] * 40
+    monkeypatch.undo()
+    assert sorted(e["n"] for e in incoming_events(tmp_path)) == list(range(40))
+    assert 1 <= len(calls) < 40
+
+
+def test_fsync_failure_is_503(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    async def scenario(client: httpx.AsyncClient) -> httpx.Response:
+        monkeypatch.setattr(os, "fsync", broken_fsync)
+        try:
+            return await client.post("/api/v1/event?token=js", json={"n": 1})
+        finally:
+            monkeypatch.undo()
+
+    response = run(make_app(tmp_path, server={"fsync": True}), scenario)
+    assert response.status_code == 503
+    assert response.json() == {"message": "Failed to store events", "error": "Input/output error"}
+
+
+def test_close_is_idempotent_and_rotates(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+
+    async def scenario(client: httpx.AsyncClient) -> None:
+        await client.post("/api/v1/event?token=js", json={"n": 1})
+
+    run(app, scenario)
+    assert app.close() == []
+    [rotated] = (tmp_path / "events" / "incoming").glob("*.log")
+    assert rotated.name.startswith("incoming.tok=t-")
+
+
+def test_lifespan_opens_and_closes(tmp_path: Path) -> None:
+    app = make_app(tmp_path, log={"path": str(tmp_path / "events"), "rotation_min": 0.001})
+    sent: list[str] = []
+
+    async def main() -> None:
+        messages = asyncio.Queue[dict[str, Any]]()
+        await messages.put({"type": "lifespan.startup"})
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message["type"])
+
+        task = asyncio.create_task(app({"type": "lifespan"}, messages.get, send))
+        await asyncio.sleep(0.01)
+        assert (tmp_path / "events" / "incoming").is_dir()
+        await messages.put({"type": "lifespan.shutdown"})
+        await task
+
+    asyncio.run(main())
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+
+
+def test_unexpected_errors_are_500_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = make_app(tmp_path)
+
+    def boom(*args: Any, **kwargs: Any) -> bytes:
+        raise ZeroDivisionError
+
+    monkeypatch.setattr(app, "prepare", boom)
+
+    async def scenario(client: httpx.AsyncClient) -> httpx.Response:
+        return await client.post("/api/v1/event?token=js", json={})
+
+    response = run(app, scenario)
+    assert response.status_code == 500
+    assert response.json() == {"message": "Internal server error", "error": "ZeroDivisionError"}

@@ -1,0 +1,158 @@
+"""`eventspark serve` as a process: rotation, embedded defaults, shutdown, crashes, workers."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from eventspark.logs.incoming import parse_log_name
+from tests.collector.conftest import port_is_free
+
+TOKEN = "tok-secret"
+BASE: dict[str, Any] = {
+    "api_keys": [{"id": "tok", "client_secret": TOKEN, "server_secret": "tok-s2s"}],
+    "destinations": {"dw": {"type": "duckdb"}},
+}
+
+
+def config(**sections: Any) -> dict[str, Any]:
+    merged = {**BASE, **sections}
+    merged["log"] = {"rotation_min": 60, **sections.get("log", {})}
+    return merged
+
+
+def send(url: str, count: int, token: str = TOKEN, start: int = 0) -> list[int]:
+    """Posts events `n = start..start+count-1`; returns the n of those answered 200."""
+    acknowledged = []
+    with httpx.Client(base_url=url, timeout=10) as client:
+        for n in range(start, start + count):
+            if client.post(f"/api/v1/event?token={token}", json={"n": n}).status_code == 200:
+                acknowledged.append(n)
+    return acknowledged
+
+
+def logged(incoming: Path) -> list[dict[str, Any]]:
+    """Every event in every incoming log (live and rotated); a partial line fails the parse."""
+    return [orjson.loads(line) for path in sorted(incoming.glob("*.log")) for line in path.read_bytes().splitlines()]
+
+
+def rotated_files(incoming: Path) -> list[Path]:
+    return [p for p in sorted(incoming.glob("*.log")) if (n := parse_log_name(p.name)) and n.rotated_at]
+
+
+def test_rotation_every_rotation_min(run_server: Any) -> None:
+    server = run_server(config(log={"rotation_min": 0.01}))  # 0.6 s
+    assert send(server.url, 3) == [0, 1, 2]
+    deadline = time.monotonic() + 10
+    while not rotated_files(server.incoming) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    [rotated] = rotated_files(server.incoming)
+    assert re.fullmatch(r"incoming\.tok=tok-\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d{3}\.log", rotated.name)
+    assert [e["n"] for e in logged(server.incoming)] == [0, 1, 2]
+    time.sleep(1.5)  # further periods with nothing written rotate nothing
+    assert rotated_files(server.incoming) == [rotated]
+    assert not (server.incoming / "incoming.tok=tok.log").exists()
+    assert server.stop() == 0
+
+
+def test_sigterm_rotates_every_acknowledged_event(run_server: Any) -> None:
+    server = run_server(config())
+    acknowledged = send(server.url, 200)
+    assert len(acknowledged) == 200
+    assert server.stop(signal.SIGTERM) == 0
+    [rotated] = rotated_files(server.incoming)
+    assert [e["n"] for e in logged(server.incoming)] == acknowledged
+    assert rotated.name.startswith("incoming.tok=tok-")
+    assert "rotated 1 incoming log" in server.text()
+
+
+def test_kill_9_under_load_loses_no_acknowledged_event(run_server: Any) -> None:
+    server = run_server(config())
+    acknowledged: list[int] = []
+    lock = threading.Lock()
+
+    def load(thread: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            for n in range(thread * 100_000, thread * 100_000 + 2_000):
+                try:
+                    response = client.post(f"/api/v1/event?token={TOKEN}", json={"n": n, "pad": "x" * 200})
+                except httpx.TransportError:
+                    return  # the server is gone
+                if response.status_code == 200:
+                    with lock:
+                        acknowledged.append(n)
+
+    threads = [threading.Thread(target=load, args=(t,)) for t in range(6)]
+    for thread in threads:
+        thread.start()
+    while len(acknowledged) < 1_500 and any(t.is_alive() for t in threads):
+        time.sleep(0.02)
+    server.stop(signal.SIGKILL)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(acknowledged) >= 1_500
+    written = {e["n"] for e in logged(server.incoming)}  # also proves there is no partial line
+    assert set(acknowledged) <= written
+
+
+def test_restart_rotates_what_a_crash_left(run_server: Any, tmp_path: Path) -> None:
+    first = run_server(config())
+    send(first.url, 5)
+    first.stop(signal.SIGKILL)
+    assert (first.incoming / "incoming.tok=tok.log").exists()
+    second = run_server(config())
+    [rotated] = rotated_files(second.incoming)
+    assert [e["n"] for e in logged(second.incoming)] == [0, 1, 2, 3, 4]
+    assert rotated.read_bytes().count(b"\n") == 5
+    second.stop()
+
+
+def test_second_server_on_the_same_directory_refuses_to_start(run_server: Any, tmp_path: Path) -> None:
+    run_server(config())
+    with pytest.raises(RuntimeError, match="another eventspark server writes"):
+        run_server(config())
+
+
+def test_embedded_defaults(run_server: Any, tmp_path: Path) -> None:
+    if not port_is_free(8001):
+        pytest.skip("port 8001, the embedded default, is in use on this machine")
+    server = run_server(None)
+    match = re.search(r"generated one: (\S+)", server.text())
+    assert match, server.text()
+    token = match.group(1)
+    assert send(server.url, 2, token=token) == [0, 1]
+    assert server.stop() == 0
+    incoming = tmp_path / "events" / "incoming"
+    [rotated] = rotated_files(incoming)
+    assert [e["api_key"] for e in logged(incoming)] == [token, token]
+    assert parse_log_name(rotated.name).token_id  # type: ignore[union-attr]
+
+
+def test_workers_write_their_own_files(run_server: Any) -> None:
+    server = run_server(config(server={"workers": 2}))
+    acknowledged = []
+    for n in range(30):  # a new connection per request so that both workers get some
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            if client.post(f"/api/v1/event?token={TOKEN}", json={"n": n}).status_code == 200:
+                acknowledged.append(n)
+    assert server.stop() == 0
+    files = rotated_files(server.incoming)
+    workers = {parse_log_name(p.name).worker for p in files}  # type: ignore[union-attr]
+    assert workers and workers <= {0, 1}
+    assert all("|w=" in p.name for p in files)
+    assert sorted(e["n"] for e in logged(server.incoming)) == acknowledged == list(range(30))
+
+
+def test_fsync_mode_answers_after_group_commit(run_server: Any) -> None:
+    server = run_server(config(server={"fsync": True}))
+    assert send(server.url, 20) == list(range(20))
+    assert server.stop() == 0
+    assert [e["n"] for e in logged(server.incoming)] == list(range(20))
