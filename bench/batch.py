@@ -34,8 +34,6 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from generate import generate_events
-
 from eventspark.batch.process import run_pass
 from eventspark.batch.session import get_session
 from eventspark.config import LoadedConfig
@@ -44,6 +42,7 @@ from eventspark.coordination import MemoryCoordination
 from eventspark.logs.incoming import live_log_name, rotate_incoming_logs, rotated_log_name
 from eventspark.steps.flatten import flatten
 from eventspark.steps.typing import DataType, infer_type
+from generate import generate_events
 
 PG = {"host": "127.0.0.1", "port": 5432, "db": "test", "username": "postgres"}
 PG_CONNINFO = "host=127.0.0.1 port=5432 dbname=test user=postgres"
@@ -81,7 +80,11 @@ def bench_config(root: Path, schema: str, master: str) -> LoadedConfig:
         "api_keys": [{"id": "bench", "client_secret": "bench-token", "server_secret": "bench-s2s"}],
         "log": {"path": str(root / "events")},
         "destinations": {
-            "pg": {"type": "postgres", "datasource": {**PG, "schema": schema}, "data_layout": {"table_name_template": "events"}}
+            "pg": {
+                "type": "postgres",
+                "datasource": {**PG, "schema": schema},
+                "data_layout": {"table_name_template": "events"},
+            }
         },
         "spark": {"master": master},
     }
@@ -205,7 +208,15 @@ def run_dlt(files: list[Path], python: str, work: Path) -> float | None:
     drop_schema(schema)
     env = {**os.environ, "RUNTIME__LOG_LEVEL": "WARNING", "DLT_DATA_DIR": str(work / "dlt-data")}
     done = subprocess.run(
-        [python, "-c", DLT_WORKER, ",".join(map(str, files)), "postgresql://postgres:trust@127.0.0.1:5432/test", schema, str(work / "dlt")],
+        [
+            python,
+            "-c",
+            DLT_WORKER,
+            ",".join(map(str, files)),
+            "postgresql://postgres:trust@127.0.0.1:5432/test",
+            schema,
+            str(work / "dlt"),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -254,6 +265,12 @@ def main() -> None:
     parser.add_argument("--no-scaling", action="store_true", help="skip the 4×N run")
     parser.add_argument("--no-dlt", action="store_true")
     parser.add_argument("--dlt-python", default=sys.executable, help="a Python with dlt[postgres] installed")
+    parser.add_argument(
+        "--dlt-events",
+        type=int,
+        default=None,
+        help="give dlt only the first logs holding this many events (rate compared)",
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--verbose", "-v", action="store_true", help="log the phases of each pass")
     args = parser.parse_args()
@@ -273,7 +290,9 @@ def report(args: argparse.Namespace, work: Path, n: int) -> None:
     started = time.perf_counter()
     files = generate_logs(work / "data", n, args.seed)
     size = sum(f.stat().st_size for f in files)
-    print(f"events: {n:,} in {len(files)} logs, {size / 1e6:,.0f} MB (generated in {time.perf_counter() - started:.1f} s)")
+    print(
+        f"events: {n:,} in {len(files)} logs, {size / 1e6:,.0f} MB (generated in {time.perf_counter() - started:.1f} s)"
+    )
     started = time.perf_counter()
     session = get_session(bench_config(work, "unused", args.master).config.spark)
     cores = session.sparkContext.defaultParallelism
@@ -292,10 +311,14 @@ def report(args: argparse.Namespace, work: Path, n: int) -> None:
     print(f"COPY floor:      {floor:>10,.0f} events/s  ({floor_time:.1f} s of COPY)")
     print(f"  ratio pipeline / floor: {rate / floor:.2f}  (target ≥ 0.5)")
     if not args.no_dlt:
-        dlt_time = run_dlt(files, args.dlt_python, work)
+        dlt_files, dlt_n = files, n
+        if args.dlt_events is not None and args.dlt_events < n:
+            dlt_n = args.dlt_events
+            dlt_files = generate_logs(work / "data-dlt", dlt_n, args.seed)  # the same first events
+        dlt_time = run_dlt(dlt_files, args.dlt_python, work)
         if dlt_time is not None:
-            print(f"dlt:             {n / dlt_time:>10,.0f} events/s  ({dlt_time:.1f} s)")
-            print(f"  ratio pipeline / dlt:   {rate / (n / dlt_time):.2f}  (target ≥ 3)")
+            print(f"dlt:             {dlt_n / dlt_time:>10,.0f} events/s  ({dlt_time:.1f} s for {dlt_n:,} events)")
+            print(f"  ratio pipeline / dlt:   {rate / (dlt_n / dlt_time):.2f}  (target ≥ 3)")
     latency = run_latency(work, args.master, session)
     print(f"rotate-to-visible, 10 events, warm session: {latency:.2f} s  (target ≤ 3)")
     if not args.no_scaling:
@@ -303,7 +326,9 @@ def report(args: argparse.Namespace, work: Path, n: int) -> None:
         big_time = run_pipeline(work, big, args.master, session, "n4")
         big_rate = 4 * n / big_time
         print(f"pipeline 4×N:    {big_rate:>10,.0f} events/s  ({big_time:.1f} s)")
-        print(f"  scaling N → 4N: time ×{big_time / pipeline:.2f} (ideal 4), rate ratio {big_rate / rate:.2f} (ideal 1)")
+        print(
+            f"  scaling N → 4N: time ×{big_time / pipeline:.2f} (ideal 4), rate ratio {big_rate / rate:.2f} (ideal 1)"
+        )
 
 
 if __name__ == "__main__":

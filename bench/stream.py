@@ -85,26 +85,14 @@ def drop_schema(schema: str) -> None:
 
 
 def serve(config_path: str) -> None:
-    """The child process: the collector app and the stream workers, as `serve` runs them."""
-    import uvicorn
+    """The child process: `eventspark serve`, collector and stream workers."""
+    from eventspark.collector.server import run_server
+    from eventspark.node import NodeServices
 
-    from eventspark.collector import multiplex
-    from eventspark.collector.app import CollectorApp
-    from eventspark.collector.server import uvicorn_config
-
-    if multiplex.StreamSpool is not QueueWriter:  # until the collector appends to the stream queue itself
-        multiplex.StreamSpool = QueueWriter  # type: ignore[misc]
-        multiplex.spool_dir = queue_dir  # type: ignore[assignment]
     logging.basicConfig(level=logging.WARNING, format="serve: %(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("eventspark.stream").setLevel(logging.INFO)
     loaded = load_config(config_path)
-    app = CollectorApp(loaded.config)
-    workers = StreamWorkers(loaded)
-    workers.start()
-    try:
-        uvicorn.Server(uvicorn_config(app, loaded.config)).run()
-    finally:
-        workers.stop()
+    run_server(loaded, NodeServices(loaded))
 
 
 class Poller(threading.Thread):

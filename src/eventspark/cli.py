@@ -62,8 +62,9 @@ def serve(
     if loaded.generated_token is not None:
         out.print(f"no token configured; generated one: [bold]{loaded.generated_token.client_secret}[/]")
     from eventspark.collector.server import run_server
+    from eventspark.node import NodeServices
 
-    run_server(loaded)
+    run_server(loaded, NodeServices(loaded))
 
 
 @app.command()

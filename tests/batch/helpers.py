@@ -36,7 +36,11 @@ def make_config(root: Path, destinations: dict[str, Any], **extra: Any) -> Loade
 
 
 def duckdb_destination(template: str = MONTHLY, **layout: Any) -> dict[str, Any]:
-    return {"type": "duckdb", "duckdb": {"path": "warehouse.duckdb"}, "data_layout": {"table_name_template": template, **layout}}
+    return {
+        "type": "duckdb",
+        "duckdb": {"path": "warehouse.duckdb"},
+        "data_layout": {"table_name_template": template, **layout},
+    }
 
 
 def postgres_destination(datasource: dict[str, Any], template: str = MONTHLY, **layout: Any) -> dict[str, Any]:

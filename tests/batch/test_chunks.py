@@ -6,7 +6,7 @@ from eventspark.batch.chunks import ChunkBuffer, to_stage
 from eventspark.destinations.base import ORDER_COLUMN
 from eventspark.steps.typing import DataType
 
-B, I, F, T, S = DataType.BOOL, DataType.INT64, DataType.FLOAT64, DataType.TIMESTAMP, DataType.STRING
+B, INT, F, T, S = DataType.BOOL, DataType.INT64, DataType.FLOAT64, DataType.TIMESTAMP, DataType.STRING
 
 
 def test_new_columns_take_the_promoted_type_and_values_are_converted() -> None:
@@ -15,14 +15,14 @@ def test_new_columns_take_the_promoted_type_and_values_are_converted() -> None:
     assert buffer.add({"a": 2, "b": 1.5, "c": "text"}, {}) is None
     assert buffer.add({"a": 3, "d": [1]}, {}) is None  # not from flatten, but a constant could be
     columns, rows, header = buffer.take()
-    assert columns == {"a": I, "b": F, "c": S, "d": S}
+    assert columns == {"a": INT, "b": F, "c": S, "d": S}
     assert rows == [[1, 1.0, "2020-08-02T18:23:56Z", None], [2, 1.5, "text", None], [3, None, None, "[1]"]]
     assert {n: f.type for n, f in header.fields.items()} == columns
     assert len(buffer) == 0 and buffer.take()[1] == []
 
 
 def test_existing_columns_check_values_and_name_the_misfit() -> None:
-    buffer = ChunkBuffer("t", {"n": I, "when": T, "label": S, "blob": None})
+    buffer = ChunkBuffer("t", {"n": INT, "when": T, "label": S, "blob": None})
     assert buffer.add({"n": "12", "when": "2020-08-02T18:23:56+02:00", "label": 5, "blob": 1.5}, {}) is None
     error = buffer.add({"n": "twelve"}, {})
     assert error is not None and "'n'" in error and "'twelve'" in error
@@ -30,7 +30,7 @@ def test_existing_columns_check_values_and_name_the_misfit() -> None:
     assert error is not None and "'when'" in error and "TIMESTAMP" in error
     assert buffer.add({"n": 2**70}, {}) is not None  # beyond bigint
     columns, rows, _ = buffer.take()
-    assert columns == {"n": I, "when": T, "label": S, "blob": S}
+    assert columns == {"n": INT, "when": T, "label": S, "blob": S}
     assert rows == [[12, "2020-08-02T18:23:56+02:00", "5", "1.5"]]
 
 
@@ -41,7 +41,7 @@ def test_casts_and_timestamp_names_fix_the_type() -> None:
     assert buffer.add({"count": "x"}, casts) == "column 'count': value 'x' does not fit a INT64 column"
     assert buffer.add({"_timestamp": 5}, {}) is not None
     columns, rows, header = buffer.take()
-    assert columns == {"amount": S, "count": I, "_timestamp": T}
+    assert columns == {"amount": S, "count": INT, "_timestamp": T}
     assert rows == [["1.25", 3, "2020-08-02T18:23:56.1Z"]]
     assert header.fields["amount"].sql_type == "numeric(12,2)"
 
@@ -51,12 +51,12 @@ def test_primary_keys_are_required_and_order_is_kept() -> None:
     assert buffer.add({"v": 1}, {}) == "primary key field 'id' is missing"
     assert buffer.add({"id": "a"}, {}, seq=7) is None
     columns, rows, _ = buffer.take(ordered=True)
-    assert columns == {"id": S, ORDER_COLUMN: I}
+    assert columns == {"id": S, ORDER_COLUMN: INT}
     assert rows == [["a", 7]]
 
 
 def test_to_stage_forms() -> None:
     assert to_stage(True, S) == "true"
-    assert to_stage(True, I) == 1
+    assert to_stage(True, INT) == 1
     assert to_stage(3, F) == 3.0 and type(to_stage(3, F)) is float
     assert to_stage("2020-08-02T18:23:56Z", T) == "2020-08-02T18:23:56Z"

@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from tests.batch.helpers import FIXTURE_LOG, duck_rows, duckdb_destination, make_config, pg_rows, postgres_destination, put_log
+from tests.batch.helpers import (
+    FIXTURE_LOG,
+    duck_rows,
+    duckdb_destination,
+    make_config,
+    pg_rows,
+    postgres_destination,
+    put_log,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -23,7 +31,9 @@ def test_process_command_on_local_cluster(tmp_path: Path, pg_datasource: dict[st
     )
     put_log(tmp_path, FIXTURE_LOG)  # ~1 kB: split into two tasks, one per executor
     put_log(tmp_path, FIXTURE_LOG, token="app")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
+    }
     cli = Path(sys.executable).with_name("eventspark")
 
     done = subprocess.run(

@@ -12,7 +12,6 @@ from eventspark.batch.load import Fault
 from eventspark.batch.process import run_pass
 from eventspark.config import LoadedConfig
 from eventspark.coordination import MemoryCoordination
-from eventspark.destinations.base import TransientError
 from eventspark.logs.status import read_status, status_path
 from tests.batch.helpers import (
     FIXTURE_LOG,
@@ -82,7 +81,9 @@ def test_types_promote_across_files_and_misfits_fail_alone(spark: Any, tmp_path:
     first = run(spark, loaded, chunk_rows=1)  # one chunk per row: the driver merges the headers
 
     assert first.ok
-    types = dict(duck_rows(tmp_path, "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 't'"))
+    types = dict(
+        duck_rows(tmp_path, "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 't'")
+    )
     assert (types["v"], types["n"], types["x"]) == ("BIGINT", "BIGINT", "DOUBLE")
     rows = duck_rows(tmp_path, "SELECT eventn_ctx_event_id, v, x FROM t ORDER BY 1")
     assert rows == [("a", 1, None), ("b", None, None), ("c", 2, 1.0), ("d", None, 1.5)]
@@ -101,7 +102,9 @@ def test_types_promote_across_files_and_misfits_fail_alone(spark: Any, tmp_path:
     assert "'n'" in failure["error"] and "'seven'" in failure["error"]
 
 
-def test_primary_key_upserts_within_and_across_passes(spark: Any, tmp_path: Path, pg_datasource: dict[str, Any]) -> None:
+def test_primary_key_upserts_within_and_across_passes(
+    spark: Any, tmp_path: Path, pg_datasource: dict[str, Any]
+) -> None:
     keys = {"primary_key_fields": ["eventn_ctx_event_id"]}
     loaded = make_config(
         tmp_path,
@@ -125,7 +128,9 @@ def test_failed_pair_is_retried_and_ok_pairs_are_not_reloaded(spark: Any, tmp_pa
     loaded = make_config(tmp_path, {"dd": duckdb_destination(template="{{.event_type}}")})
     put_log(tmp_path, [event("0", event_type="bad", n=0)])
     assert run(spark, loaded).ok  # table "bad" exists: n is a bigint column
-    log = put_log(tmp_path, [event("1", event_type="good"), event("2", event_type="bad"), event("3", event_type="bad", n="x")])
+    log = put_log(
+        tmp_path, [event("1", event_type="good"), event("2", event_type="bad"), event("3", event_type="bad", n="x")]
+    )
     # A bad value in the failing pair: its failed event is written once, when the pair settles.
     put_log(tmp_path, [event("4", event_type="bad", n=1)])
     import eventspark.batch.load as load_module

@@ -25,7 +25,7 @@ def test_missing_java_is_a_clear_error(tmp_path: Path) -> None:
 def test_old_java_is_refused(tmp_path: Path) -> None:
     java = tmp_path / "bin" / "java"
     java.parent.mkdir()
-    java.write_text('#!/bin/sh\necho \'java version "1.8.0_292"\' >&2\n')
+    java.write_text("#!/bin/sh\necho 'java version \"1.8.0_292\"' >&2\n")
     java.chmod(0o755)
     with pytest.raises(SparkSetupError, match="is Java 8"):
         check_java({"JAVA_HOME": str(tmp_path)})

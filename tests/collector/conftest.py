@@ -17,6 +17,8 @@ import httpx
 import orjson
 import pytest
 
+from eventspark.stream.segments import MAGIC, parse_records
+
 EVENTSPARK = Path(sys.executable).parent / "eventspark"
 TESTDATA = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
 
@@ -69,6 +71,13 @@ class Server:
 
     def new_events(self, directory: Path | None = None) -> list[dict[str, Any]]:
         return [orjson.loads(line) for line in self.new_lines(directory)]
+
+    def queued_events(self, dest_id: str) -> list[dict[str, Any]]:
+        """Every event in the persistent queue of a stream destination (read from its segment files)."""
+        records: list[bytes] = []
+        for segment in sorted((self.events_dir / f"queue.dst={dest_id}").glob("*.dque")):
+            parse_records(segment.read_bytes()[len(MAGIC) :], records, limit=1_000_000)
+        return [orjson.loads(record) for record in records]
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.process.poll() is None:

@@ -177,9 +177,7 @@ def test_bad_template_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_bad_mapping_is_a_config_error(tmp_path: Path) -> None:
-    text = (
-        "destinations: {d: {type: duckdb, data_layout: {mappings: {fields: [{src: /a, action: cast}]}}}}\n"
-    )
+    text = "destinations: {d: {type: duckdb, data_layout: {mappings: {fields: [{src: /a, action: cast}]}}}}\n"
     with pytest.raises(ConfigError, match=r"destinations\.d\.data_layout\.mappings: "):
         load_config(write(tmp_path, text), env={})
 

@@ -7,15 +7,16 @@ same expectations hold everywhere.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
-from eventspark.destinations.base import ORDER_COLUMN, DestinationAdapter, Load, TerminalError
+from eventspark.destinations.base import ORDER_COLUMN, DestinationAdapter, Load, TerminalError, new_job_id
 from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
 
-B, I, F, T, S = DataType.BOOL, DataType.INT64, DataType.FLOAT64, DataType.TIMESTAMP, DataType.STRING
+B, INT, F, T, S = DataType.BOOL, DataType.INT64, DataType.FLOAT64, DataType.TIMESTAMP, DataType.STRING
 
 
 class AdapterContract:
@@ -46,21 +47,22 @@ class AdapterContract:
         assert adapter.read_table("events") is None
 
     def test_create_then_add_columns_keeps_existing(self, adapter: DestinationAdapter) -> None:
-        table = self.create(adapter, "events", {"id": S, "n": I}, keys=("id",))
+        table = self.create(adapter, "events", {"id": S, "n": INT}, keys=("id",))
         assert list(table.columns) == ["id", "n"]
         assert table.primary_keys == ("id",)
         adapter.patch(TablePatch("events", add_columns={"extra col": adapter.dialect.types[F]}))
         after = adapter.read_table("events")
         assert after is not None
         assert list(after.columns) == ["id", "n", "extra col"]
-        assert adapter.data_type_of(after.columns["n"]) is I
+        assert adapter.data_type_of(after.columns["n"]) is INT
         assert adapter.data_type_of(after.columns["extra col"]) is F
         assert set(adapter.read_tables()) == {"events"}
 
     def test_commit_casts_promoted_chunks_and_records_markers(self, adapter: DestinationAdapter) -> None:
-        target = self.create(adapter, "t", {"flag": I, "amount": F, "ts": T, "label": S})
-        one = self.stage(adapter, "job1", {"flag": B, "amount": I, "ts": T}, [[True, 3, "2020-08-02T18:23:56.5+02:00"]])
-        two = self.stage(adapter, "job1", {"flag": I, "label": S}, [[7, "x"], [None, "y"]])
+        target = self.create(adapter, "t", {"flag": INT, "amount": F, "ts": T, "label": S})
+        stamp = "2020-08-02T18:23:56.5+02:00"
+        one = self.stage(adapter, "job1", {"flag": B, "amount": INT, "ts": T}, [[True, 3, stamp]])
+        two = self.stage(adapter, "job1", {"flag": INT, "label": S}, [[7, "x"], [None, "y"]])
         adapter.commit(Load("d", target, [one, two], ["log-a", "log-b"]))
         rows = self.query(
             adapter,
@@ -75,8 +77,8 @@ class AdapterContract:
         assert adapter.loaded_files("other", ["log-a"]) == set()
 
     def test_upsert_keeps_the_last_row_of_each_key(self, adapter: DestinationAdapter) -> None:
-        target = self.create(adapter, "u", {"id": S, "v": I}, keys=("id",))
-        columns = {"id": S, "v": I, ORDER_COLUMN: I}
+        target = self.create(adapter, "u", {"id": S, "v": INT}, keys=("id",))
+        columns = {"id": S, "v": INT, ORDER_COLUMN: INT}
         first = self.stage(adapter, "job1", columns, [["a", 1, 1], ["b", 1, 2]])
         adapter.commit(Load("d", target, [first], ["l1"], ordered=True))
         second = self.stage(adapter, "job2", columns, [["a", 3, 20], ["a", 2, 10], ["c", 1, 5]])
@@ -85,8 +87,8 @@ class AdapterContract:
         assert rows == [("a", "3"), ("b", "1"), ("c", "1")]
 
     def test_failed_commit_leaves_nothing(self, adapter: DestinationAdapter) -> None:
-        target = self.create(adapter, "f", {"n": I})
-        good = self.stage(adapter, "job1", {"n": I}, [[1]])
+        target = self.create(adapter, "f", {"n": INT})
+        good = self.stage(adapter, "job1", {"n": INT}, [[1]])
         bad = self.stage(adapter, "job1", {"n": S}, [["not a number"]])
         with pytest.raises(TerminalError, match="loading table 'f'"):
             adapter.commit(Load("d", target, [good, bad], ["l1"]))
@@ -94,15 +96,25 @@ class AdapterContract:
         assert adapter.loaded_files("d", ["l1"]) == set()
 
     def test_drop_stages_removes_uncommitted_chunks(self, adapter: DestinationAdapter) -> None:
-        target = self.create(adapter, "s", {"n": I})
-        chunk = self.stage(adapter, "jobx", {"n": I}, [[1]])
+        target = self.create(adapter, "s", {"n": INT})
+        chunk = self.stage(adapter, "jobx", {"n": INT}, [[1]])
         adapter.drop_stages("jobx")
         with pytest.raises(TerminalError):
             adapter.commit(Load("d", target, [chunk], ["l1"]))
         assert adapter.read_tables().keys() == {"s"}
 
+    def test_stale_stages_of_killed_jobs_are_dropped(self, adapter: DestinationAdapter) -> None:
+        target = self.create(adapter, "st", {"n": INT})
+        old = self.stage(adapter, new_job_id(time.time() - 7200), {"n": INT}, [[1]])
+        recent = self.stage(adapter, new_job_id(time.time()), {"n": INT}, [[2]])
+        adapter.drop_stale_stages(time.time() - 3600)
+        with pytest.raises(TerminalError):
+            adapter.commit(Load("d", target, [old], ["l1"]))
+        adapter.commit(Load("d", target, [recent], ["l2"]))
+        assert self.query(adapter, f"SELECT n FROM {self.name(adapter, 'st')}") == [(2,)]
+
     def test_insert_upserts_single_rows(self, adapter: DestinationAdapter) -> None:
-        target = self.create(adapter, "i", {"id": S, "n": I}, keys=("id",))
+        target = self.create(adapter, "i", {"id": S, "n": INT}, keys=("id",))
         adapter.insert(target, [{"id": "a", "n": 1}, {"id": "b", "n": 2}])
         adapter.insert(target, [{"id": "a", "n": 5}])
         rows = self.query(adapter, f"SELECT id, CAST(n AS VARCHAR) FROM {self.name(adapter, 'i')} ORDER BY id")

@@ -21,7 +21,6 @@ from eventspark.logs.incoming import (
     rotate_incoming_logs,
     rotated_log_name,
 )
-from eventspark.logs.queue_spool import StreamSpool, spool_dir
 
 AT = datetime(2024, 3, 5, 7, 8, 9, 123456, tzinfo=UTC)
 
@@ -214,19 +213,3 @@ def test_server_lock_is_exclusive_within_a_process(tmp_path: Path) -> None:
     second = ServerLock(tmp_path)
     second.acquire()
     second.release()
-
-
-# --- stream spool ---------------------------------------------------------------------------------
-
-
-def test_stream_spool_appends_lines(tmp_path: Path) -> None:
-    directory = spool_dir(tmp_path, "ch")
-    assert directory == tmp_path / "queue.dst=ch"
-    directory.mkdir()
-    spool = StreamSpool(directory)
-    spool.append(b'{"a":1}\n')
-    spool.append(b'{"b":2}\n{"c":3}\n', lines=2)
-    spool.close(sync=True)
-    assert (directory / "spool.log").read_bytes() == b'{"a":1}\n{"b":2}\n{"c":3}\n'
-    assert spool.file.lines == 3
-    assert StreamSpool(directory, worker=1).file.path.name == "spool.w=1.log"

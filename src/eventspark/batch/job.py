@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from eventspark.batch.splits import Split, plan_splits
 from eventspark.config import LoadedConfig
 from eventspark.coordination import Coordination
 from eventspark.destinations import build_destination
-from eventspark.destinations.base import DestinationAdapter, DestinationError, StagedChunk
+from eventspark.destinations.base import DestinationAdapter, DestinationError, StagedChunk, new_job_id
 from eventspark.logs.archive import archive_log
 from eventspark.logs.failed import append_spools
 from eventspark.logs.rotated import rotated_token
@@ -49,6 +48,8 @@ from eventspark.logs.status import status_path as _status_path
 from eventspark.steps.typing import BatchHeader
 
 log = logging.getLogger(__name__)
+
+STALE_STAGE_SECONDS = 24 * 3600
 
 
 @dataclass(slots=True)
@@ -112,7 +113,7 @@ class BatchJob:
         logs = self._drop_empty(logs, result)
         if not logs:
             return result
-        job_id = uuid.uuid4().hex[:12]
+        job_id = new_job_id(time.time())
         adapters: dict[str, DestinationAdapter] = {}
         try:
             return self._run(session, logs, job_id, adapters, result)
@@ -202,6 +203,8 @@ class BatchJob:
         names: list[str],
         statuses: dict[str, LogStatus],
     ) -> None:
+        # What a killed pass left behind; a day is far longer than any pass.
+        adapter.drop_stale_stages(time.time() - STALE_STAGE_SECONDS)
         # Markers first: a pair committed before a crash is uploaded, whatever the status file says.
         for name, table in adapter.loaded_files(dest_id, names):
             statuses[name].setdefault(dest_id, {})[table] = PairStatus(True)

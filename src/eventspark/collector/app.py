@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,8 @@ from eventspark.collector.metrics import CollectorMetrics
 from eventspark.collector.multiplex import Route, build_routes
 from eventspark.config.models import Config
 from eventspark.logs.incoming import IncomingLogs
-from eventspark.logs.queue_spool import spool_dir
 from eventspark.steps.context import client_ip, enrich_context
+from eventspark.stream.queue import queue_dir
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +37,15 @@ _DUMPS_OPTION = orjson.OPT_APPEND_NEWLINE
 
 
 class CollectorApp:
-    """The EventNative API over this process's incoming logs and stream spools (see module doc)."""
+    """The EventNative API over this process's incoming logs and stream queues (see module doc)."""
 
-    def __init__(self, config: Config, worker: int | None = None) -> None:
+    def __init__(
+        self, config: Config, worker: int | None = None, instances: Callable[[], list[str]] | None = None
+    ) -> None:
         self.config = config
         self.server_name = config.server.name or DEFAULT_SERVER_NAME
+        self.instances = instances or (lambda: [])
+        """Live nodes of the cluster (the coordination store's heartbeats)."""
         self.max_event_size = config.server.max_event_size
         self.admin_token = config.server.admin_token
         self.tokens = TokenTable(config.api_keys)
@@ -58,7 +63,7 @@ class CollectorApp:
     def open(self) -> None:
         self.logs.incoming_dir.mkdir(parents=True, exist_ok=True)
         for dest_id in self.spools:
-            spool_dir(self.log_path, dest_id).mkdir(parents=True, exist_ok=True)
+            queue_dir(self.log_path, dest_id).mkdir(parents=True, exist_ok=True)
         if self.group_commit is not None:
             self.group_commit.start()
         self._open = True

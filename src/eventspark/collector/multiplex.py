@@ -1,7 +1,7 @@
 """Multiplexing at receipt: which files a token's events are written to.
 
 A token's events go to its incoming log when at least one batch destination takes the token,
-and to the spool of every stream destination that takes it (`only_tokens`: ids or secrets;
+and to the persistent queue of every stream destination that takes it (`only_tokens`: ids or secrets;
 absent means every token). Routes are computed once at start, not per event.
 """
 
@@ -15,7 +15,7 @@ from typing import Protocol
 from eventspark.collector.auth import Token
 from eventspark.config.models import Config, Destination
 from eventspark.logs.incoming import AppendOnlyFile, IncomingLogs
-from eventspark.logs.queue_spool import StreamSpool, spool_dir
+from eventspark.stream.queue import QueueWriter, queue_dir
 
 
 class LineFile(Protocol):
@@ -38,7 +38,7 @@ class Route:
     batch_destinations: tuple[str, ...]
     stream_destinations: tuple[str, ...]
     incoming: AppendOnlyFile | None
-    spools: tuple[StreamSpool, ...]
+    spools: tuple[QueueWriter, ...]
     files: tuple[LineFile, ...]
     """Every file a line of this token is appended to: the incoming log, then the spools."""
 
@@ -56,11 +56,11 @@ def takes_token(destination: Destination, token: Token) -> bool:
 
 def build_routes(
     config: Config, tokens: list[Token], logs: IncomingLogs, worker: int | None = None
-) -> tuple[dict[str, Route], dict[str, StreamSpool]]:
+) -> tuple[dict[str, Route], dict[str, QueueWriter]]:
     """One route per token id, and the stream spools by destination id."""
     log_path = Path(config.log.path)
     spools = {
-        dest_id: StreamSpool(spool_dir(log_path, dest_id), worker)
+        dest_id: QueueWriter(queue_dir(log_path, dest_id), worker)
         for dest_id, dest in config.destinations.items()
         if dest.mode == "stream"
     }
@@ -69,7 +69,7 @@ def build_routes(
 
 
 def _route(
-    token: Token, destinations: Mapping[str, Destination], logs: IncomingLogs, spools: dict[str, StreamSpool]
+    token: Token, destinations: Mapping[str, Destination], logs: IncomingLogs, spools: dict[str, QueueWriter]
 ) -> Route:
     taking = [dest_id for dest_id, dest in destinations.items() if takes_token(dest, token)]
     batch = tuple(d for d in taking if destinations[d].mode == "batch")

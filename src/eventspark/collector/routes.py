@@ -102,7 +102,8 @@ async def ping(app: CollectorApp, request: Request) -> Response:
 
 async def cluster(app: CollectorApp, request: Request) -> Response:
     check_admin(request, app.admin_token)
-    return json_response({"instances": [{"name": app.server_name}]})
+    names = app.instances() or [app.server_name]
+    return json_response({"instances": [{"name": name} for name in sorted(names)]})
 
 
 async def prometheus(app: CollectorApp, request: Request) -> Response:

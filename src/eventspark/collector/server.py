@@ -15,6 +15,7 @@ import signal
 import socket
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 import uvicorn
 
@@ -28,8 +29,22 @@ logger = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_SECONDS = 30
 
 
-def run_server(loaded: LoadedConfig) -> None:
-    """Serves until SIGTERM/SIGINT; exits with status 1 when another server holds the directory."""
+class Background(Protocol):
+    """Services that run beside the collector in the serving process (`eventspark.node`)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def instances(self) -> list[str]: ...
+
+
+def run_server(loaded: LoadedConfig, background: Background | None = None) -> None:
+    """Serves until SIGTERM/SIGINT; exits with status 1 when another server holds the directory.
+
+    `background` starts once the collector's worker processes are forked and stops after the
+    collector has flushed and rotated its logs.
+    """
     config = loaded.config
     incoming = Path(config.log.path) / "incoming"
     lock = ServerLock(incoming)
@@ -43,9 +58,9 @@ def run_server(loaded: LoadedConfig) -> None:
         if leftovers:
             logger.info("rotated %d incoming log(s) left by a previous run", len(leftovers))
         if config.server.workers == 1:
-            _serve(config, worker=None, sock=None)
+            _serve(config, worker=None, sock=None, background=background)
         else:
-            _serve_workers(config)
+            _serve_workers(config, background)
     finally:
         lock.release()
 
@@ -67,16 +82,22 @@ def uvicorn_config(app: CollectorApp, config: Config) -> uvicorn.Config:
     )
 
 
-def _serve(config: Config, worker: int | None, sock: socket.socket | None) -> None:
-    app = CollectorApp(config, worker)
+def _serve(
+    config: Config, worker: int | None, sock: socket.socket | None, background: Background | None = None
+) -> None:
+    app = CollectorApp(config, worker, instances=background.instances if background is not None else None)
     server = uvicorn.Server(uvicorn_config(app, config))
     # uvicorn re-raises the signal that stopped it once it has shut down; with the default
     # SIGTERM action that would kill the process before the `finally` below.
     previous = signal.signal(signal.SIGTERM, _exit_quietly)
+    if background is not None:
+        background.start()
     try:
         server.run(sockets=[sock] if sock is not None else None)
     finally:
         app.close()  # a no-op after a graceful shutdown; rotates after a forced one
+        if background is not None:
+            background.stop()
         signal.signal(signal.SIGTERM, previous)
 
 
@@ -84,18 +105,20 @@ def _exit_quietly(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def _serve_workers(config: Config) -> None:
+def _serve_workers(config: Config, background: Background | None) -> None:
     # Bound once here with uvicorn's own settings; the app passed is never served.
     sock = uvicorn_config(CollectorApp(config), config).bind_socket()
     # fork: workers inherit the socket and the server lock; nothing runs threads yet.
     context = multiprocessing.get_context("fork")
     workers = [
-        context.Process(target=_worker_main, args=(config, n, sock), name=f"eventspark-worker-{n}")
+        context.Process(target=_worker_main, args=(config, n, sock, background), name=f"eventspark-worker-{n}")
         for n in range(config.server.workers)
     ]
     for process in workers:
         process.start()
     logger.info("started %d collector workers on port %d", len(workers), config.server.port)
+    if background is not None:
+        background.start()
 
     def forward(signum: int, frame: FrameType | None) -> None:
         for process in workers:
@@ -107,6 +130,8 @@ def _serve_workers(config: Config) -> None:
         for process in workers:
             process.join()
     finally:
+        if background is not None:
+            background.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
@@ -116,6 +141,24 @@ def _serve_workers(config: Config) -> None:
         raise SystemExit(1)
 
 
-def _worker_main(config: Config, worker: int, sock: socket.socket) -> None:
+def _worker_main(config: Config, worker: int, sock: socket.socket, background: Background | None) -> None:
     # The terminal's Ctrl-C reaches every worker directly; the parent forwards SIGTERM.
-    _serve(config, worker, sock)
+    # Workers answer /api/v1/cluster from the coordination store but run no background service.
+    instances = _InstancesOnly(background) if background is not None else None
+    _serve(config, worker, sock, instances)
+
+
+class _InstancesOnly:
+    """A worker's view of the parent's background services: it may read the cluster, not run it."""
+
+    def __init__(self, background: Background) -> None:
+        self._background = background
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def instances(self) -> list[str]:
+        return self._background.instances()

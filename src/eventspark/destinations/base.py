@@ -18,6 +18,7 @@ timeout: keep the data, retry later) or `TerminalError` (the data or the schema 
 from __future__ import annotations
 
 import re
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,19 @@ LOADS_TABLE = "_eventspark_loads"
 STAGE_PREFIX = "_es_stage_"
 ORDER_COLUMN = "_es_seq"
 """Stage column giving the order of rows, so that the last event of a key wins an upsert."""
+
+
+def new_job_id(now: float) -> str:
+    """A job id that sorts by start time: 8 hex digits of epoch seconds, 6 random ones."""
+    return f"{int(now):08x}{uuid.uuid4().hex[:6]}"
+
+
+def job_started_at(job_id: str) -> float | None:
+    """The epoch second a `new_job_id` was made at; None for anything else."""
+    try:
+        return float(int(job_id[:8], 16)) if len(job_id) >= 14 else None
+    except ValueError:
+        return None
 
 
 class DestinationError(Exception):
@@ -140,6 +154,10 @@ class DestinationAdapter(ABC):
         """Removes what the executors of `job_id` staged and `commit` did not consume."""
 
     @abstractmethod
+    def drop_stale_stages(self, before: float) -> None:
+        """Removes stages of jobs started before epoch time `before`: what a killed pass left."""
+
+    @abstractmethod
     def insert(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
         """Inserts (upserts with a primary key) rows directly: the stream mode's path."""
 
@@ -167,9 +185,7 @@ _SQL_TYPE_FAMILIES: dict[str, DataType] = {
         ["timestamp", "timestamptz", "timestamp with time zone", "timestamp without time zone", "datetime"],
         DataType.TIMESTAMP,
     ),
-    **dict.fromkeys(
-        ["text", "varchar", "character varying", "char", "character", "string", "bpchar"], DataType.STRING
-    ),
+    **dict.fromkeys(["text", "varchar", "character varying", "char", "character", "string", "bpchar"], DataType.STRING),
 }
 _TYPE_NAME = re.compile(r"^\s*([a-z][a-z0-9 ]*?)\s*(?:\(.*\))?\s*(with(?:out)? time zone)?\s*$")
 

@@ -16,7 +16,9 @@ COPY_CHUNK = 1024 * 1024
 def archive_log(log: Path, archive_dir: Path, now: datetime | None = None) -> Path:
     """Gzips `log` into the day folder of `now` (UTC) and removes the log and its status file.
 
-    The archive is written under a temporary name and renamed, so a crash never leaves a
+    Level-1 compression: the archive is written during the pass, and level 1 is several times
+    faster than the default for about 10% more bytes on JSON lines. The archive is written under a
+    temporary name and renamed, so a crash never leaves a
     truncated `.gz` that looks complete; the log is deleted only after the rename.
     """
     day = (now or datetime.now(UTC)).strftime("%Y-%m-%d")
@@ -24,7 +26,7 @@ def archive_log(log: Path, archive_dir: Path, now: datetime | None = None) -> Pa
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / (log.name + ".gz")
     tmp = folder / (log.name + ".gz.tmp")
-    with log.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+    with log.open("rb") as src, gzip.open(tmp, "wb", compresslevel=1) as dst:
         shutil.copyfileobj(src, dst, COPY_CHUNK)
     os.replace(tmp, target)
     log.unlink()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from eventspark.destinations.base import (
     StagedChunk,
     TerminalError,
     TransientError,
+    job_started_at,
 )
 from eventspark.destinations.clickhouse import rows as row_text
 from eventspark.destinations.clickhouse.ddl import (
@@ -287,15 +288,22 @@ class ClickHouseAdapter(DestinationAdapter):
         return {(f, t) for f, t in rows}
 
     def drop_stages(self, job_id: str) -> None:
-        prefix = f"{STAGE_PREFIX}{job_id}"
+        self._drop_stages_where(lambda stage_job: stage_job.startswith(job_id))
+
+    def drop_stale_stages(self, before: float) -> None:
+        self._drop_stages_where(lambda stage_job: (job_started_at(stage_job) or before) < before)
+
+    def _drop_stages_where(self, matches: Callable[[str], bool]) -> None:
+        """Drops the staging tables whose name after STAGE_PREFIX (`<job id>_<chunk>...`) matches."""
         client = self._connection()
         rows = client.rows(
             f"SELECT name FROM system.tables WHERE database = {literal(self.layout.db)} "
-            f"AND substring(name, 1, {len(prefix.encode())}) = {literal(prefix)}",
+            f"AND substring(name, 1, {len(STAGE_PREFIX)}) = {literal(STAGE_PREFIX)}",
             doing="listing staging tables",
         )
         for (name,) in rows:
-            client.execute(f"DROP TABLE IF EXISTS {self._name(name)}", doing="dropping staging tables")
+            if matches(name[len(STAGE_PREFIX) :]):
+                client.execute(f"DROP TABLE IF EXISTS {self._name(name)}", doing="dropping staging tables")
 
     # --- stream -------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from eventspark.destinations.base import (
     StagedChunk,
     TerminalError,
     TransientError,
+    job_started_at,
 )
 from eventspark.destinations.duckdb.dialect import DIALECT
 from eventspark.destinations.load_sql import cast_expr, insert_select
@@ -91,9 +92,7 @@ def _arrow_column(values: list[Any], stage: DataType) -> Any:
         return pa.array(values, arrow_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
         # A promoted column mixes Python types (bool in an int64 column): convert them one by one.
-        return pa.array(
-            [coerce(v, stage) if stage is not DataType.TIMESTAMP else v for v in values], arrow_type
-        )
+        return pa.array([coerce(v, stage) if stage is not DataType.TIMESTAMP else v for v in values], arrow_type)
 
 
 class DuckDBAdapter(DestinationAdapter):
@@ -217,14 +216,20 @@ class DuckDBAdapter(DestinationAdapter):
         conn = self._connection()
         with translated_errors("reading load markers"):
             rows = conn.execute(
-                f"SELECT file, table_name FROM {self._name(LOADS_TABLE)} "
-                "WHERE dest_id = ? AND list_contains(?, file)",
+                f"SELECT file, table_name FROM {self._name(LOADS_TABLE)} WHERE dest_id = ? AND list_contains(?, file)",
                 [dest_id, list(files)],
             ).fetchall()
         return {(f, t) for f, t in rows}
 
     def drop_stages(self, job_id: str) -> None:
         shutil.rmtree(self.staging_dir / job_id / self.dest_id, ignore_errors=True)
+
+    def drop_stale_stages(self, before: float) -> None:
+        if not self.staging_dir.is_dir():
+            return
+        for folder in self.staging_dir.iterdir():
+            if (job_started_at(folder.name) or before) < before:
+                shutil.rmtree(folder / self.dest_id, ignore_errors=True)
 
     def insert(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
         """One `INSERT ... SELECT` over `unnest`ed text lists, one per column, in one transaction;
@@ -245,18 +250,12 @@ class DuckDBAdapter(DestinationAdapter):
 
     def _insert_statement(self, table: Table, columns: list[str]) -> str:
         names = ", ".join(self._q(c) for c in columns)
-        values = ", ".join(
-            cast_expr(f"u.c{i}", DataType.STRING, table.columns[c]) for i, c in enumerate(columns)
-        )
+        values = ", ".join(cast_expr(f"u.c{i}", DataType.STRING, table.columns[c]) for i, c in enumerate(columns))
         lists = ", ".join(f"unnest(?::VARCHAR[]) AS c{i}" for i in range(len(columns)))
-        statement = (
-            f"INSERT INTO {self._name(table.name)} ({names}) SELECT {values} FROM (SELECT {lists}) AS u"
-        )
+        statement = f"INSERT INTO {self._name(table.name)} ({names}) SELECT {values} FROM (SELECT {lists}) AS u"
         if table.primary_keys:
             statement += f" ON CONFLICT ({', '.join(self._q(k) for k in table.primary_keys)}) DO "
-            updates = [
-                f"{self._q(c)} = EXCLUDED.{self._q(c)}" for c in columns if c not in table.primary_keys
-            ]
+            updates = [f"{self._q(c)} = EXCLUDED.{self._q(c)}" for c in columns if c not in table.primary_keys]
             statement += f"UPDATE SET {', '.join(updates)}" if updates else "NOTHING"
         return statement
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +25,7 @@ from eventspark.destinations.base import (
     StagedChunk,
     TerminalError,
     TransientError,
+    job_started_at,
 )
 from eventspark.destinations.clickhouse.tsv import encode_rows
 from eventspark.destinations.mysql import load as sql
@@ -354,15 +355,21 @@ class MySQLAdapter(DestinationAdapter):
             return {(f, t) for f, t in cur.fetchall()}
 
     def drop_stages(self, job_id: str) -> None:
-        prefix = f"{STAGE_PREFIX}{job_id}"
+        self._drop_stages_where(lambda stage_job: stage_job.startswith(job_id))
+
+    def drop_stale_stages(self, before: float) -> None:
+        self._drop_stages_where(lambda stage_job: (job_started_at(stage_job) or before) < before)
+
+    def _drop_stages_where(self, matches: Callable[[str], bool]) -> None:
+        """Drops the staging tables whose name after STAGE_PREFIX (`<job id>_<chunk>`) matches."""
         with self._cursor("dropping staging tables") as cur:
             cur.execute(
-                "SELECT TABLE_NAME FROM information_schema.TABLES "
-                "WHERE TABLE_SCHEMA = %s AND LEFT(TABLE_NAME, %s) = %s",
-                (self.schema, len(prefix), prefix),
+                "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND LEFT(TABLE_NAME, %s) = %s",
+                (self.schema, len(STAGE_PREFIX), STAGE_PREFIX),
             )
             for (name,) in cur.fetchall():
-                cur.execute(f"DROP TABLE IF EXISTS {self._name(name)}")
+                if matches(name[len(STAGE_PREFIX) :]):
+                    cur.execute(f"DROP TABLE IF EXISTS {self._name(name)}")
 
     # --- stream -------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ them into the target with one INSERT ... SELECT per destination/table pair."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +22,7 @@ from eventspark.destinations.base import (
     StagedChunk,
     TerminalError,
     TransientError,
+    job_started_at,
 )
 from eventspark.destinations.load_sql import cast_expr, insert_select
 from eventspark.destinations.postgres.dialect import DIALECT
@@ -193,18 +194,12 @@ class PostgresAdapter(DestinationAdapter):
 
     def _patch_statements(self, patch: TablePatch) -> list[sql.Composable]:
         table = self._name(patch.table)
-        columns = [
-            sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in patch.add_columns.items()
-        ]
+        columns = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in patch.add_columns.items()]
         statements: list[sql.Composable] = []
         if patch.create:
-            statements.append(
-                sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(table, sql.SQL(", ").join(columns))
-            )
+            statements.append(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(table, sql.SQL(", ").join(columns)))
         else:
-            statements += [
-                sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {}").format(table, c) for c in columns
-            ]
+            statements += [sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {}").format(table, c) for c in columns]
         if patch.primary_keys:
             statements += self._key_statements(patch.table, patch.primary_keys, patch.create)
         return statements
@@ -214,9 +209,7 @@ class PostgresAdapter(DestinationAdapter):
         constraint = sql.Identifier(f"{self.schema}_{table}_pk"[:63])
         statements: list[sql.Composable] = []
         if not created:
-            for _table, name, _cols in self._conn_execute(
-                _KEYS_QUERY, {"schema": self.schema, "table": table}
-            ):
+            for _table, name, _cols in self._conn_execute(_KEYS_QUERY, {"schema": self.schema, "table": table}):
                 drop = sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}")
                 statements.append(drop.format(self._name(table), sql.Identifier(name)))
         cols = sql.SQL(", ").join(sql.Identifier(k) for k in keys)
@@ -256,14 +249,20 @@ class PostgresAdapter(DestinationAdapter):
         return {(f, t) for f, t in rows}
 
     def drop_stages(self, job_id: str) -> None:
-        prefix = f"{STAGE_PREFIX}{job_id}"
+        self._drop_stages_where(lambda stage_job: stage_job == job_id)
+
+    def drop_stale_stages(self, before: float) -> None:
+        self._drop_stages_where(lambda stage_job: (job_started_at(stage_job) or before) < before)
+
+    def _drop_stages_where(self, matches: Callable[[str], bool]) -> None:
         query = "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         query += "WHERE n.nspname = %s AND c.relkind = 'r' AND left(c.relname, %s) = %s"
         conn = self._connection()
         with translated_errors("dropping staging tables"), conn.transaction():
-            names = [r[0] for r in conn.execute(query, (self.schema, len(prefix), prefix)).fetchall()]
-            for name in names:
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._name(name)))
+            rows = conn.execute(query, (self.schema, len(STAGE_PREFIX), STAGE_PREFIX)).fetchall()
+            for (name,) in rows:
+                if matches(name[len(STAGE_PREFIX) :].rsplit("_", 1)[0]):
+                    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._name(name)))
 
     def insert(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
         """One `INSERT ... SELECT` over `jsonb_array_elements` of all the rows sent as one JSON
@@ -289,15 +288,9 @@ class PostgresAdapter(DestinationAdapter):
             return statement
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in table.primary_keys)
         updates = [
-            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
-            for c in columns
-            if c not in table.primary_keys
+            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in columns if c not in table.primary_keys
         ]
-        action = (
-            sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(updates))
-            if updates
-            else sql.SQL("DO NOTHING")
-        )
+        action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(updates)) if updates else sql.SQL("DO NOTHING")
         return sql.SQL("{} ON CONFLICT ({}) {}").format(statement, keys, action)
 
     def close(self) -> None:

@@ -1,0 +1,71 @@
+"""What runs beside the HTTP collector in `eventspark serve`: the node's background services.
+
+- the heartbeat that lists this node (`server.name`) in the coordination store;
+- the batch uploader: one Spark job over the rotated logs every `log.uploader_period_sec`;
+- one stream worker per stream destination.
+
+They start in the serving process after any collector worker processes are forked (a fork must
+not copy running threads or a JVM), and stop after the collector has flushed and rotated.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from eventspark.config import LoadedConfig
+from eventspark.coordination import Coordination, CoordinationError, build_coordination
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_PERIOD_SECONDS = 10.0
+
+
+class NodeServices:
+    """Heartbeat, batch uploader and stream workers of one node; constructors do no I/O."""
+
+    def __init__(self, loaded: LoadedConfig, heartbeat_period: float = HEARTBEAT_PERIOD_SECONDS) -> None:
+        from eventspark.batch.uploader import Uploader
+        from eventspark.stream.manager import StreamWorkers
+
+        config = loaded.config
+        self.coordination: Coordination = build_coordination(config.coordination, config.server.name)
+        modes = {dest.mode for dest in config.destinations.values()}
+        self.uploader = Uploader(loaded, self.coordination) if "batch" in modes else None
+        self.stream = StreamWorkers(loaded, coordination=self.coordination) if "stream" in modes else None
+        self.heartbeat_period = heartbeat_period
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._beat()
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="eventspark-heartbeat", daemon=True)
+        self._heartbeat.start()
+        if self.stream is not None:
+            self.stream.start()
+        if self.uploader is not None:
+            self.uploader.start()
+
+    def stop(self) -> None:
+        """Stops the stream workers and waits for a batch pass in progress, then leaves the cluster."""
+        self._stop.set()
+        if self.stream is not None:
+            self.stream.stop()
+        if self.uploader is not None:
+            self.uploader.stop()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5)
+        self.coordination.close()
+
+    def instances(self) -> list[str]:
+        return self.coordination.instances()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_period):
+            self._beat()
+
+    def _beat(self) -> None:
+        try:
+            self.coordination.heartbeat()
+        except CoordinationError as exc:  # the store may be down for a while: keep serving events
+            log.warning("heartbeat failed: %s", exc)
