@@ -364,7 +364,8 @@ class MySQLAdapter(DestinationAdapter):
         """Drops the staging tables whose name after STAGE_PREFIX (`<job id>_<chunk>`) matches."""
         with self._cursor("dropping staging tables") as cur:
             cur.execute(
-                "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND LEFT(TABLE_NAME, %s) = %s",
+                "SELECT TABLE_NAME FROM information_schema.TABLES "
+                "WHERE TABLE_SCHEMA = %s AND LEFT(TABLE_NAME, %s) = %s",
                 (self.schema, len(STAGE_PREFIX), STAGE_PREFIX),
             )
             for (name,) in cur.fetchall():
