@@ -14,17 +14,26 @@ import logging
 import threading
 
 from eventspark.config import LoadedConfig
+from eventspark.config.models import CoordinationConfig
 from eventspark.coordination import Coordination, CoordinationError, build_coordination
+from eventspark.coordination.base import DEFAULT_HEARTBEAT_TTL
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_PERIOD_SECONDS = 10.0
+
+def heartbeat_period_of(section: CoordinationConfig | None) -> float:
+    """A third of `coordination.heartbeat_ttl_sec` (10 s by default): a live node stays listed
+    through two lost beats."""
+    # getattr: the field may be absent from older config models (then the default TTL applies).
+    ttl = getattr(section, "heartbeat_ttl_sec", None) or DEFAULT_HEARTBEAT_TTL
+    return float(ttl) / 3
 
 
 class NodeServices:
     """Heartbeat, batch uploader and stream workers of one node; constructors do no I/O."""
 
-    def __init__(self, loaded: LoadedConfig, heartbeat_period: float = HEARTBEAT_PERIOD_SECONDS) -> None:
+    def __init__(self, loaded: LoadedConfig, heartbeat_period: float | None = None) -> None:
+        """`heartbeat_period` None: a third of the configured heartbeat TTL (`heartbeat_period_of`)."""
         from eventspark.batch.uploader import Uploader
         from eventspark.stream.manager import StreamWorkers
 
@@ -33,7 +42,7 @@ class NodeServices:
         modes = {dest.mode for dest in config.destinations.values()}
         self.uploader = Uploader(loaded, self.coordination) if "batch" in modes else None
         self.stream = StreamWorkers(loaded, coordination=self.coordination) if "stream" in modes else None
-        self.heartbeat_period = heartbeat_period
+        self.heartbeat_period = heartbeat_period or heartbeat_period_of(config.coordination)
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
 

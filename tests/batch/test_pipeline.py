@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from eventspark.batch.job import JobResult
@@ -26,6 +27,7 @@ from tests.batch.helpers import (
     postgres_destination,
     put_log,
 )
+from tests.conftest import pg_conninfo
 
 pytestmark = pytest.mark.spark
 
@@ -124,40 +126,37 @@ def test_primary_key_upserts_within_and_across_passes(
     assert "primary key" in failed_lines(tmp_path, "pg")[0]["error"]
 
 
-def test_failed_pair_is_retried_and_ok_pairs_are_not_reloaded(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
-    loaded = make_config(tmp_path, {"dd": duckdb_destination(template="{{.event_type}}")})
+def test_failed_pair_is_retried_and_ok_pairs_are_not_reloaded(
+    spark: Any, tmp_path: Path, pg_datasource: dict[str, Any]
+) -> None:
+    # Loads give up after 1 s waiting for a lock: the test holds one on table "bad".
+    datasource = {**pg_datasource, "parameters": {"options": "-c lock_timeout=1000"}}
+    loaded = make_config(tmp_path, {"pg": postgres_destination(datasource, template="{{.event_type}}")})
+    schema = pg_datasource["schema"]
     put_log(tmp_path, [event("0", event_type="bad", n=0)])
     assert run(spark, loaded).ok  # table "bad" exists: n is a bigint column
     log = put_log(
-        tmp_path, [event("1", event_type="good"), event("2", event_type="bad"), event("3", event_type="bad", n="x")]
+        tmp_path,
+        [event("1", event_type="good"), event("2", event_type="bad"), event("3", event_type="bad", n="x")],
     )
-    # A bad value in the failing pair: its failed event is written once, when the pair settles.
     put_log(tmp_path, [event("4", event_type="bad", n=1)])
-    import eventspark.batch.load as load_module
 
-    real_load_pair = load_module.load_pair
+    with psycopg.connect(pg_conninfo()) as blocker:
+        blocker.execute(f'LOCK TABLE "{schema}".bad IN ACCESS EXCLUSIVE MODE')
+        first = run(spark, loaded)
 
-    def failing_load_pair(adapter: Any, coordination: Any, pair: Any, *args: Any) -> str:
-        if pair.table == "bad":
-            return "injected failure"
-        return real_load_pair(adapter, coordination, pair, *args)
-
-    monkeypatch.setattr("eventspark.batch.job.load_pair", failing_load_pair)
-    first = run(spark, loaded)
-
-    assert not first.ok and first.pairs["dd", "bad"].error == "injected failure"
+    assert not first.ok and "lock timeout" in first.pairs["pg", "bad"].error
     status = read_status(log)
-    assert status["dd"]["good"].uploaded and not status["dd"]["bad"].uploaded
-    assert status["dd"]["bad"].error == "injected failure"
-    assert failed_lines(tmp_path, "dd") == []
+    assert status["pg"]["good"].uploaded and not status["pg"]["bad"].uploaded
+    assert "lock timeout" in status["pg"]["bad"].error
+    assert failed_lines(tmp_path, "pg") == []  # the misfit of a FAILED pair waits for the retry
 
-    monkeypatch.setattr("eventspark.batch.job.load_pair", real_load_pair)
     second = run(spark, loaded)
 
-    assert second.ok and ("dd", "good") not in second.pairs
-    assert duck_rows(tmp_path, "SELECT count(*) FROM good") == [(1,)]
-    assert duck_rows(tmp_path, "SELECT eventn_ctx_event_id FROM bad ORDER BY 1") == [("0",), ("2",), ("4",)]
-    assert [f["event_id"] for f in failed_lines(tmp_path, "dd")] == ["3"]
+    assert second.ok and ("pg", "good") not in second.pairs
+    assert pg_rows(schema, "SELECT eventn_ctx_event_id FROM good") == [("1",)]
+    assert pg_rows(schema, "SELECT eventn_ctx_event_id FROM bad ORDER BY 1") == [("0",), ("2",), ("4",)]
+    assert [f["event_id"] for f in failed_lines(tmp_path, "pg")] == ["3"]
     assert not log.exists() and len(second.archived) == 2
 
 
@@ -165,10 +164,13 @@ def test_failed_pair_is_retried_and_ok_pairs_are_not_reloaded(spark: Any, tmp_pa
 def test_crash_and_rerun_leave_each_event_once(
     spark: Any, tmp_path: Path, pg_datasource: dict[str, Any], point: str
 ) -> None:
+    template = "{{.event_type}}{{if .broken}}{{.broken.deeper.Format}}{{end}}"
     loaded = make_config(
-        tmp_path, {"dd": duckdb_destination(template="t"), "pg": postgres_destination(pg_datasource, "t")}
+        tmp_path,
+        {"dd": duckdb_destination(template=template), "pg": postgres_destination(pg_datasource, template)},
     )
-    log = put_log(tmp_path, [event(str(i), n=i) for i in range(20)])
+    bad = event("bad", event_type="t", broken={"deeper": 1})  # fails the template of both
+    log = put_log(tmp_path, [*(event(str(i), event_type="t", n=i) for i in range(20)), bad])
 
     def crash(at: str) -> None:
         if at == point:
@@ -187,6 +189,8 @@ def test_crash_and_rerun_leave_each_event_once(
     schema = pg_datasource["schema"]
     leftovers = pg_rows(schema, f"SELECT tablename FROM pg_tables WHERE schemaname = '{schema}'")
     assert sorted(leftovers) == [("_eventspark_loads",), ("t",)]
+    # The template failure is written once per destination, whichever pass wrote the status.
+    assert [f["event_id"] for f in failed_lines(tmp_path, "dd") + failed_lines(tmp_path, "pg")] == ["bad", "bad"]
 
 
 def test_lines_follow_their_token_to_its_destinations(spark: Any, tmp_path: Path) -> None:
@@ -221,13 +225,24 @@ def test_empty_logs_are_deleted_and_bad_lines_fail(spark: Any, tmp_path: Path) -
     assert failed_lines(tmp_path, "dd")[0]["event"] == '{"broken'
 
 
-def test_unreachable_destination_keeps_the_log(spark: Any, tmp_path: Path, pg_datasource: dict[str, Any]) -> None:
-    down = postgres_destination({**pg_datasource, "port": 1}, template=MONTHLY)
+def test_unreachable_destination_keeps_the_logs_of_its_tokens(
+    spark: Any, tmp_path: Path, pg_datasource: dict[str, Any]
+) -> None:
+    down = {**postgres_destination({**pg_datasource, "port": 1}, template=MONTHLY), "only_tokens": ["web"]}
     loaded = make_config(tmp_path, {"dd": duckdb_destination(template="t"), "pg": down})
-    log = put_log(tmp_path, [event("1")])
+    web_log = put_log(tmp_path, [event("1")], token="web")
+    app_log = put_log(tmp_path, [event("2")], token="app")
 
     result = run(spark, loaded)
 
     assert not result.ok and "connecting" in result.pairs["pg", ""].error
-    assert duck_rows(tmp_path, "SELECT count(*) FROM t") == [(1,)]
-    assert log.exists() and not read_status(log)["pg"][""].uploaded
+    assert duck_rows(tmp_path, "SELECT count(*) FROM t") == [(2,)]
+    assert web_log.exists() and not read_status(web_log)["pg"][""].uploaded
+    assert not app_log.exists()  # pg does not take the app token: nothing is pending for it
+
+    # The destination is back: the retry loads the web log into it, and DuckDB is not loaded twice.
+    loaded.config.destinations["pg"].datasource.port = pg_datasource["port"]
+    assert run(spark, loaded).ok
+    assert not web_log.exists()
+    assert duck_rows(tmp_path, "SELECT count(*) FROM t") == [(2,)]
+    assert pg_rows(pg_datasource["schema"], "SELECT eventn_ctx_event_id FROM null_2020_08") == [("1",)]

@@ -57,7 +57,7 @@ def test_uploader_loads_rotated_logs_every_period(spark: Any, tmp_path: Path) ->
         while log.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
-        uploader.stop()
+        uploader.stop(stop_spark=False)  # the session is shared by the whole test run
     assert not log.exists()
     assert duck_rows(tmp_path, "SELECT count(*) FROM t") == [(10,)]
     assert uploader.run_once() is not None  # nothing left: an empty pass

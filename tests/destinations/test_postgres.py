@@ -11,6 +11,8 @@ import pytest
 from eventspark.config.models import PostgresDestination
 from eventspark.destinations.base import TransientError
 from eventspark.destinations.postgres.adapter import PostgresAdapter
+from eventspark.steps.diff import TablePatch
+from eventspark.steps.typing import DataType
 from tests.conftest import pg_conninfo
 from tests.destinations.contract import AdapterContract
 
@@ -32,8 +34,6 @@ class TestPostgresAdapter(AdapterContract):
 
     def test_primary_key_gets_eventnative_constraint_name(self, adapter: PostgresAdapter, pg_schema: str) -> None:
         self.create(adapter, "k", {"a": DataType.STRING, "b": DataType.STRING}, keys=("a",))
-        from eventspark.steps.diff import TablePatch
-
         adapter.patch(TablePatch("k", primary_keys=("a", "b")))
         found = adapter.read_table("k")
         assert found is not None and found.primary_keys == ("a", "b")
@@ -50,6 +50,3 @@ class TestPostgresAdapter(AdapterContract):
         adapter = PostgresAdapter("pg", _destination({**pg_datasource, "port": 1}))
         with pytest.raises(TransientError, match="connecting"):
             adapter.read_tables()
-
-
-from eventspark.steps.typing import DataType  # noqa: E402

@@ -132,6 +132,20 @@ def test_collisions_keep_one_value_whatever_the_key_order(event: dict) -> None:
     assert flatten(reordered) == row
 
 
+def test_events_without_collisions_skip_the_slow_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # flatten counts the leaves it writes to spot collisions; a miscount would send every event
+    # down the slow path (too many) or let a collision through (too few).
+    def slow_path(event: dict) -> None:
+        raise AssertionError("slow path taken")
+
+    monkeypatch.setattr(flatten_module, "flatten_with_losses", slow_path)
+    deep: dict = {"leaf": 1}
+    for _ in range(MAX_DEPTH + 2):
+        deep = {"k": deep}
+    event = {"a": None, "b": {}, "c": {"d": None, "e": {}, "f": [1], "g": {"h": 1}}, "i": (), "deep": deep}
+    assert len(flatten(event)) == 4
+
+
 def test_collision_rule_prefers_the_unsanitised_key() -> None:
     assert flatten_with_losses({"a b": 1, "a_b": 2}) == ({"a_b": 2}, ["/a b"])
     assert flatten_with_losses({"A": 1, "a": 2}) == ({"a": 2}, ["/A"])
@@ -154,17 +168,26 @@ def test_depth_is_bounded() -> None:
     assert json.loads(value)["k"]["k"]
 
 
+def cached_names(node: flatten_module._NameNode) -> int:
+    return len(node.columns) + sum(1 + cached_names(child) for child in node.children.values())
+
+
 def test_caches_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(flatten_module, "_CACHE_LIMIT", 10)
     monkeypatch.setattr(flatten_module, "_sanitized_keys", {})
-    monkeypatch.setattr(flatten_module, "_names_by_prefix", {})
+    monkeypatch.setattr(flatten_module, "_name_root", flatten_module._NameNode(""))
     monkeypatch.setattr(flatten_module, "_cached_names", 0)
     for i in range(100):
         flatten({f"key {i}": i, f"parent {i}": {"child": i}})
         assert len(flatten_module._sanitized_keys) <= 10
-        prefixes = flatten_module._names_by_prefix
-        assert len(prefixes) + sum(len(names) for names in prefixes.values()) <= 10
+        assert cached_names(flatten_module._name_root) <= 10
     assert flatten({"key 5": 5, "parent 5": {"child": 5}}) == {"key_5": 5, "parent_5_child": 5}
+
+
+def test_cached_names_are_reused() -> None:
+    event = {"Parent Key": {"Child.Key": 1, "x" * 80: 2}}
+    first = flatten(event)
+    assert flatten(event) == first == {"parent_key_child_key": 1, column_name(("Parent Key", "x" * 80)): 2}
 
 
 @given(events)

@@ -2,7 +2,7 @@ import copy
 from datetime import UTC, date, datetime
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from eventspark.steps.mapping import Mapper, MappingError
@@ -231,3 +231,55 @@ def test_apply_never_changes_its_input(event: dict, keep_unmapped: bool, rule_li
     first, _ = mapper.apply(event)
     assert event == before
     assert mapper.apply(event)[0] == first  # and a rerun gives the same result
+
+
+SHARED_VALUE_RULES = [  # /a's object ends up at /b and /c: removing inside /b must not change /c
+    {"action": "move", "src": "/a", "dst": "/b"},
+    {"action": "move", "src": "/a", "dst": "/c"},
+    {"action": "remove", "src": "/b/x"},
+]
+
+
+@given(
+    st.dictionaries(st.sampled_from("abc"), json_values, max_size=3),
+    st.booleans(),
+    st.lists(rules, max_size=6),
+)
+@example({"a": {"x": 1, "y": 2}}, True, SHARED_VALUE_RULES)
+@example({}, True, [{"action": "constant", "dst": "/a", "value": {"b": 1}}, {"action": "remove", "src": "/a/b"}])
+def test_in_place_gives_what_copy_on_write_gives(event: dict, keep_unmapped: bool, rule_list: list[dict]) -> None:
+    mapper = Mapper.build(keep_unmapped, rule_list)
+    expected, casts = mapper.apply(event)
+    expected = copy.deepcopy(expected)  # it shares subtrees with the event copy below
+    mapped, in_place_casts = mapper.apply(copy.deepcopy(event), in_place=True)
+    assert repr(mapped) == repr(expected)  # repr: key order too, which becomes column order
+    assert in_place_casts == casts
+    assert mapper.rules == Mapper.build(keep_unmapped, rule_list).rules  # constants unchanged
+
+
+BENCH_RULES = [
+    {"src": "/event_data/consent", "action": "remove"},
+    {"src": "/event_data/product/price", "action": "cast", "type": "double"},
+    {"src": "/eventn_ctx/user/anonymous_id", "dst": "/anonymous_id", "action": "move"},
+]
+
+
+@pytest.mark.parametrize("keep_unmapped", [True, False])
+@pytest.mark.parametrize(
+    ("rule_list", "in_place"),
+    [
+        (BENCH_RULES, True),
+        (REFERENCE_RULES, True),
+        ([{"src": "/a", "action": "remove"}, {"src": "/a", "dst": "/b", "action": "move"}], False),
+        ([{"src": "/a", "dst": "/b", "action": "move"}, {"src": "/a", "action": "remove"}], True),
+        ([{"src": "/a", "dst": "/b", "action": "move"}, {"src": "/b/c", "action": "remove"}], False),
+        ([{"src": "/a", "dst": "/b", "action": "move"}, {"src": "/a/c", "action": "remove"}], False),
+        ([{"dst": "/m", "action": "constant", "value": {}}, {"dst": "/m/v", "action": "constant", "value": 1}], False),
+    ],
+)
+def test_rules_run_in_place_unless_they_overlap(rule_list: list[dict], in_place: bool, keep_unmapped: bool) -> None:
+    event = {"a": {"c": 1}, "b": {"c": 2}, "event_data": {"consent": {"ads": True}}}
+    mapped, _ = Mapper.build(keep_unmapped, rule_list).apply(event, in_place=True)
+    assert (mapped is event) is (in_place and keep_unmapped)
+    untouched = {"a": {"c": 1}, "b": {"c": 2}, "event_data": {"consent": {"ads": True}}}
+    assert (event == untouched) is (not in_place or not keep_unmapped)

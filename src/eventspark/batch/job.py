@@ -131,6 +131,9 @@ class BatchJob:
         result: JobResult,
     ) -> JobResult:
         statuses = {p.name: read_status(p) for p in logs}
+        # Destinations a log's status file has not seen: their template failures are written this
+        # pass (decided before load markers repair the statuses after a crash).
+        seen = {(name, dest_id) for name, status in statuses.items() for dest_id in status}
         dest_errors: dict[str, str] = {}
         plan = self._plan(job_id, logs, statuses, adapters, dest_errors)
         started = time.monotonic()
@@ -146,7 +149,7 @@ class BatchJob:
         )
         if self.fault is not None:
             self.fault("committed")
-        self._settle(logs, statuses, plan, collected, outcomes, dest_errors, result)
+        self._settle(logs, statuses, seen, plan, collected, outcomes, dest_errors, result)
         return result
 
     # --- before the job -----------------------------------------------------------------------
@@ -246,7 +249,9 @@ class BatchJob:
             dest = self.config.destinations[pair.dest_id]
             keys = tuple(dest.data_layout.primary_key_fields)
             max_columns = dest.data_layout.max_columns or max_default
-            error = load_pair(adapters[pair.dest_id], self.coordination, pair, keys, max_columns, self.fault)
+            error = pair.error or load_pair(
+                adapters[pair.dest_id], self.coordination, pair, keys, max_columns, self.fault
+            )
             outcomes[key] = error
             result.pair(*key).error = error
         return outcomes
@@ -255,18 +260,14 @@ class BatchJob:
         self,
         logs: list[Path],
         statuses: dict[str, LogStatus],
+        seen: set[tuple[str, str]],
         plan: JobPlan,
         collected: _Collected,
         outcomes: dict[tuple[str, str], str],
         dest_errors: dict[str, str],
         result: JobResult,
     ) -> None:
-        fresh = {
-            (name, dest_id)
-            for name, status in statuses.items()
-            for dest_id in plan.destinations
-            if dest_id not in status
-        }
+        fresh = {(name, dest_id) for name in statuses for dest_id in plan.destinations} - seen
         updates: dict[str, LogStatus] = defaultdict(dict)
         for (name, dest_id, table), (rows, failed, skipped) in collected.counts.items():
             summary = result.pair(dest_id, table)
@@ -280,12 +281,24 @@ class BatchJob:
                 error = outcomes.get((dest_id, table), "")
                 tables[table] = PairStatus(not error, error)
         self._append_failed(collected, outcomes, fresh)
-        for dest_id, error in dest_errors.items():
-            result.pair(dest_id, NO_TABLE).error = error
-            for name in statuses:
-                updates[name].setdefault(dest_id, {})[NO_TABLE] = PairStatus(False, error)
+        self._record_destination_errors(plan, dest_errors, updates, result)
         for path in logs:
             self._finish_log(path, statuses[path.name], updates.get(path.name, {}), plan, result)
+
+    def _record_destination_errors(
+        self, plan: JobPlan, dest_errors: dict[str, str], updates: dict[str, LogStatus], result: JobResult
+    ) -> None:
+        """A destination unusable this pass keeps the logs of the tokens it takes, as a FAILED pair."""
+        if not dest_errors:
+            return
+        batch = {d: dest for d, dest in self.config.destinations.items() if dest.mode == "batch"}
+        _secrets, token_destinations, default = token_routes(self.config.api_keys, batch)
+        for name, token in plan.file_tokens.items():
+            for dest_id in token_destinations.get(token, default):
+                if dest_id in dest_errors:
+                    updates[name].setdefault(dest_id, {})[NO_TABLE] = PairStatus(False, dest_errors[dest_id])
+        for dest_id, error in dest_errors.items():
+            result.pair(dest_id, NO_TABLE).error = error
 
     def _append_failed(
         self, collected: _Collected, outcomes: dict[tuple[str, str], str], fresh: set[tuple[str, str]]
@@ -333,8 +346,11 @@ def _fold(collected: _Collected, row: Any) -> None:
         if row["rows"] and table != NO_TABLE:
             _pair(collected, dest_id, table).files.add(file)
         return
-    payload = orjson.loads(row["payload"])
     pair = _pair(collected, dest_id, table)
+    if kind == "error":
+        pair.error = pair.error or row["payload"]
+        return
+    payload = orjson.loads(row["payload"])
     pair.chunks.append(StagedChunk.from_dict(payload["chunk"]))
     pair.header.merge(BatchHeader.from_dict(payload["header"]))
 

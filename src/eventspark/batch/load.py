@@ -31,6 +31,8 @@ class PairLoad:
     header: BatchHeader
     chunks: list[StagedChunk] = field(default_factory=list)
     files: set[str] = field(default_factory=set)
+    error: str = ""
+    """Set when an executor could not stage its rows: the pair is not committed this pass."""
 
 
 def load_pair(

@@ -17,14 +17,15 @@ import orjson
 from eventspark.batch.chunks import ChunkBuffer
 from eventspark.batch.plan import JobPlan
 from eventspark.batch.splits import Split, read_split
-from eventspark.destinations.base import StageWriter
+from eventspark.destinations.base import DestinationError, StageWriter
 from eventspark.logs.failed import event_error_line, event_id_of
 from eventspark.steps.chain import DestinationChain, Failure
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
 
 SUMMARY_FIELDS = ("kind", "file", "dest", "tbl", "rows", "failed", "skipped", "spool", "payload")
 """The fields of a summary row (a tuple): ("count", log, destination, table, rows, failed, skipped,
-failed-event spool, None) or ("chunk", None, destination, table, 0, 0, 0, None, chunk JSON)."""
+failed-event spool, None), ("chunk", None, destination, table, 0, 0, 0, None, chunk JSON) or
+("error", None, destination, table, 0, 0, 0, None, why staging failed)."""
 NO_TABLE = ""
 """The table of events that never got one: template failures, skips, unreadable lines."""
 
@@ -64,6 +65,7 @@ class PartitionTask:
         self.spools: dict[tuple[str, str, str], tuple[Path, IO[bytes]]] = {}
         self.writers: dict[str, StageWriter] = {}
         self.chunks: list[tuple[str, str, bytes]] = []
+        self.errors: dict[tuple[str, str], str] = {}
         self.line_number = 0
 
     def chain(self, dest_id: str) -> DestinationChain:
@@ -95,7 +97,10 @@ class PartitionTask:
             self.route(file, dest_id, event if index == last else orjson.loads(line), line)
 
     def route(self, file: str, dest_id: str, event: dict[str, Any], line: bytes) -> None:
-        result = self.chain(dest_id).process(event)
+        try:
+            result = self.chain(dest_id).process(event)
+        except Exception as exc:  # one odd event must not stop every log behind it
+            result = Failure(f"the pipeline steps failed on this event: {type(exc).__name__}: {exc}")
         if result is None:
             self.count(file, dest_id, NO_TABLE)[2] += 1
             return
@@ -159,10 +164,17 @@ class PartitionTask:
         columns, rows, header = buffer.take(ordered=bool(keys))
         if not rows:
             return
-        writer = self.writers.get(dest_id)
-        if writer is None:
-            writer = self.writers[dest_id] = self.plan.stages[dest_id].open()
-        chunk = writer.write(columns, rows)
+        if (dest_id, buffer.table) in self.errors:
+            return
+        try:
+            writer = self.writers.get(dest_id)
+            if writer is None:
+                writer = self.writers[dest_id] = self.plan.stages[dest_id].open()
+            chunk = writer.write(columns, rows)
+        except DestinationError as exc:
+            # The pair fails for this pass (the driver will not commit it); the task goes on.
+            self.errors[dest_id, buffer.table] = f"staging: {exc}"
+            return
         payload = orjson.dumps({"chunk": chunk.to_dict(), "header": header.to_dict()})
         self.chunks.append((dest_id, buffer.table, payload))
 
@@ -176,6 +188,8 @@ class PartitionTask:
         for (file, dest_id, table), (rows, failed, skipped) in self.counts.items():
             spool = self.spools.get((file, dest_id, table))
             out.append(("count", file, dest_id, table, rows, failed, skipped, str(spool[0]) if spool else None, None))
+        for (dest_id, table), error in self.errors.items():
+            out.append(("error", None, dest_id, table, 0, 0, 0, None, error))
         for dest_id, table, payload in self.chunks:
             out.append(("chunk", None, dest_id, table, 0, 0, 0, None, payload.decode()))
         return out

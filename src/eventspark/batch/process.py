@@ -8,6 +8,7 @@ logs twice at once).
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -26,6 +27,8 @@ from eventspark.config import LoadedConfig
 from eventspark.coordination import Coordination, build_coordination
 from eventspark.logs.incoming import rotate_incoming_logs
 from eventspark.logs.rotated import rotated_logs
+
+log = logging.getLogger(__name__)
 
 BATCH_LOCK_FILE = ".batch.lock"
 _pass_lock = threading.Lock()
@@ -85,12 +88,21 @@ def process_once(loaded: LoadedConfig, console: Console, keep_session: bool = Fa
     except PassBusy as exc:
         console.print(f"[red]{exc}[/]")
         return False
+    except Exception as exc:  # a failed Spark job: the logs stay for the next pass
+        log.exception("the batch pass failed")
+        console.print(f"[red]the batch pass failed, logs kept for the next one: {_first_line(exc)}[/]")
+        return False
     finally:
         coordination.close()
         if not keep_session:
             stop_session()
     print_summary(result, console)
     return result.ok
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def print_summary(result: JobResult, console: Console) -> None:

@@ -11,6 +11,7 @@ import threading
 
 from eventspark.batch.job import JobResult
 from eventspark.batch.process import PassBusy, run_pass
+from eventspark.batch.session import stop_session
 from eventspark.config import LoadedConfig
 from eventspark.coordination import Coordination, build_coordination
 
@@ -35,14 +36,17 @@ class Uploader:
         self._thread = threading.Thread(target=self._loop, name="eventspark-uploader", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Asks the loop to end and waits for the pass in progress (if any) to finish."""
+    def stop(self, timeout: float | None = None, stop_spark: bool = True) -> None:
+        """Asks the loop to end, waits for the pass in progress (if any) to finish, and stops the
+        warm SparkSession (a cluster application left registered at exit relaunches executors)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
         if self._own_coordination:
             self.coordination.close()
+        if stop_spark:
+            stop_session()
 
     def run_once(self) -> JobResult | None:
         """One pass; None when another process of this node is running one."""

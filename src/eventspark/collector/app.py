@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 import orjson
@@ -105,7 +105,7 @@ class CollectorApp:
             if scope["type"] == "lifespan":
                 await self._lifespan(receive, send)
             return
-        started = time.perf_counter()
+        started = perf_counter()
         request = Request(scope, receive)
         name = request.path
         methods = routes.ROUTES.get(name)
@@ -124,7 +124,7 @@ class CollectorApp:
             response = HTTPError(500, "Internal server error", type(exc).__name__).response()
         await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
         await send({"type": "http.response.body", "body": response.body})
-        self.metrics.latency[name].observe(time.perf_counter() - started)
+        self.metrics.latency[name].observe(perf_counter() - started)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -200,7 +200,7 @@ class CollectorApp:
             logger.error("fsync of incoming logs failed: %s", exc)
             raise HTTPError(503, "Failed to store events", exc.strerror or str(exc)) from None
 
-    async def ingest(
+    def accept(
         self,
         request: Request,
         route: Route,
@@ -208,13 +208,15 @@ class CollectorApp:
         secret: str,
         events: list[dict[str, Any]],
         server_side: bool,
-    ) -> None:
-        """Enriches and writes the events of one request, then (with `server.fsync`) syncs them."""
+    ) -> bool:
+        """Enriches and writes the events of one request; True when they must be synced (`sync`).
+
+        Not a coroutine: without `server.fsync` a request needs no second await.
+        """
         ip, user_agent = self.sender(request, server_side)
         count = len(events)
         self.write(route, token, self.prepare(events, secret, ip, user_agent, server_side), count)
-        if self.group_commit is not None and count:
-            await self.sync(route)
+        return count > 0 and self.group_commit is not None
 
 
 def _proxy_headers(headers: dict[bytes, bytes]) -> dict[str, str]:

@@ -16,6 +16,7 @@ from eventspark.config.models import ApiKey
 
 TOKEN_NOT_FOUND = "The token is not found"
 NOT_SERVER_TOKEN = "The token isn't a server token. Please use s2s integration token"
+_AMP, _PERCENT, _PLUS = b"&%+"
 
 PREFLIGHT_HEADERS: Headers = [
     (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
@@ -151,8 +152,9 @@ def _token_error(secret: str | None) -> str:
 def request_token(request: Request) -> str | None:
     """EventNative's lookup order: query `token`, header `X-Auth-Token`, first `p_*` query parameter."""
     raw = request.scope["query_string"]
-    # The JS SDK's `?token=<secret>` alone: no need to parse the query string.
-    if raw.startswith(b"token=") and len(raw) > 6 and b"&" not in raw and b"%" not in raw and b"+" not in raw:
+    # The JS SDK's `?token=<secret>` alone: no need to parse the query string. (An int `in`
+    # bytes is a memchr; a bytes `in` bytes goes through the buffer protocol, ten times slower.)
+    if raw.startswith(b"token=") and len(raw) > 6 and _AMP not in raw and _PERCENT not in raw and _PLUS not in raw:
         return raw[6:].decode("latin-1")
     query = request.query
     for key, value in query:

@@ -26,6 +26,8 @@ Handler = Callable[["CollectorApp", Request], Awaitable[Response]]
 
 OK = b'{"status":"ok"}'
 OK_RESPONSE = Response(200, OK, [JSON_TYPE])
+MAX_CACHED_ORIGINS = 1024
+_OK_BY_ORIGIN: dict[bytes, Response] = {}
 RANDOM_URL_PREFIX = "/api."
 """`/api.<anything>?p_<anything>=<token>`: the ad-blocker-proof JS endpoint."""
 
@@ -36,14 +38,27 @@ RANDOM_URL_PREFIX = "/api."
 async def js_event(app: CollectorApp, request: Request) -> Response:
     """POST /api/v1/event and /api.*: a browser's events, client secret, CORS."""
     token, secret = app.tokens.require_client(request_token(request))
-    cors = cors_headers(request, token.origins) if b"origin" in request.headers else []
+    origin = request.headers.get(b"origin")
+    cors = cors_headers(request, token.origins) if origin is not None else []
     try:
         route = app.route(token)
         events = parse_events(await read_body(request, app.max_event_size))
-        await app.ingest(request, route, token, secret, events, server_side=False)
+        if app.accept(request, route, token, secret, events, server_side=False):
+            await app.sync(route)
     except HTTPError as exc:
         raise exc.known(token.id, cors) from None
-    return Response.prebuilt(200, OK, OK_RESPONSE.headers + cors) if cors else OK_RESPONSE
+    return _ok_for_origin(origin) if cors else OK_RESPONSE
+
+
+def _ok_for_origin(origin: bytes) -> Response:
+    """The 200 answer echoing an allowed Origin; kept, since a site's events come from few origins."""
+    response = _OK_BY_ORIGIN.get(origin)
+    if response is None:
+        if len(_OK_BY_ORIGIN) >= MAX_CACHED_ORIGINS:  # origins are untrusted input: bound the cache
+            _OK_BY_ORIGIN.clear()
+        headers = [*OK_RESPONSE.headers, (b"access-control-allow-origin", origin)]
+        response = _OK_BY_ORIGIN[origin] = Response.prebuilt(200, OK, headers)
+    return response
 
 
 async def s2s_event(app: CollectorApp, request: Request) -> Response:
@@ -52,7 +67,8 @@ async def s2s_event(app: CollectorApp, request: Request) -> Response:
     try:
         route = app.route(token)
         events = parse_events(await read_body(request, app.max_event_size))
-        await app.ingest(request, route, token, secret, events, server_side=True)
+        if app.accept(request, route, token, secret, events, server_side=True):
+            await app.sync(route)
     except HTTPError as exc:
         raise exc.known(token.id) from None
     return OK_RESPONSE
@@ -87,7 +103,9 @@ async def pixel_gif(app: CollectorApp, request: Request) -> Response:
     token, secret = app.tokens.require_client(request_token(request) or pixel.token_in_data(events))
     cors = cors_headers(request, token.origins)
     try:
-        await app.ingest(request, app.route(token), token, secret, events, server_side=False)
+        route = app.route(token)
+        if app.accept(request, route, token, secret, events, server_side=False):
+            await app.sync(route)
     except HTTPError as exc:
         raise exc.known(token.id, cors) from None
     return Response(200, pixel.GIF, [*pixel.GIF_HEADERS, *cors])

@@ -50,8 +50,7 @@ def insert_select(load: Load, quote: Quote, target: str, source: Callable[[Stage
     names = ", ".join(quote(c) for c in columns)
     keep_order = load.ordered and bool(table.primary_keys)
     selects = " UNION ALL ".join(
-        _chunk_select(chunk, columns, load, quote, keep_order) + f" FROM {source(chunk)}"
-        for chunk in load.chunks
+        _chunk_select(chunk, columns, load, quote, keep_order) + f" FROM {source(chunk)}" for chunk in load.chunks
     )
     if not table.primary_keys:
         return f"INSERT INTO {target} ({names}) SELECT {names} FROM ({selects}) AS s"

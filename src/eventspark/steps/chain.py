@@ -70,7 +70,7 @@ class DestinationChain:
         return cls(destination_id, template, LookupEnricher(rules, geo, ua), mapper)
 
     def process(self, event: dict[str, Any]) -> ChainResult:
-        """Runs the chain on `event`, which it may change: give each destination its own copy."""
+        """Runs the chain on `event`, which it changes in place: give each destination its own copy."""
         try:
             table = self.template.render(event)
         except TemplateEvalError as exc:
@@ -78,7 +78,7 @@ class DestinationChain:
         if not table:
             return SKIP
         self.lookup.apply(event)
-        mapped, casts = self.mapper.apply(event)
+        mapped, casts = self.mapper.apply(event, in_place=True)  # the chain owns the event
         return Row(table, flatten(mapped), casts)
 
 

@@ -16,9 +16,12 @@ Implicit casts (``pipeline-design.md``): ``/_timestamp`` is TIMESTAMP for every 
 ``/eventn_ctx/utc_time`` for JavaScript events (``src`` other than ``api``); configured rules
 for the same column win.
 
-The input event is never changed: it may be shared by several destinations. Writes copy only
-the objects on the written path (copy on write); the result shares every other subtree with
-the input, so treat both as read-only.
+The input event is not changed (it may be shared by several destinations): writes copy only
+the objects on the written path (copy on write), and the result shares every other subtree with
+the input, so treat both as read-only. A caller that owns the event (the step chain: each
+destination gets its own parsed copy) passes ``in_place=True`` instead, and when the rules allow
+it (see ``_in_place_safe``; nearly every real rule set does) they change the event itself,
+with the same result and no copying.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class Rule:
 class Mapper:
     """Applies one destination's mapping rules; build it once with ``Mapper.build``."""
 
-    __slots__ = ("_casts_api", "_casts_js", "_identity", "keep_unmapped", "rules")
+    __slots__ = ("_casts_api", "_casts_js", "_identity", "_in_place_steps", "keep_unmapped", "rules")
 
     def __init__(self, keep_unmapped: bool, rules: Sequence[Rule]) -> None:
         self.keep_unmapped = keep_unmapped
@@ -71,6 +74,11 @@ class Mapper:
         self._casts_api = {**_IMPLICIT_CASTS, **configured}
         self._casts_js = {**_IMPLICIT_JS_CASTS, **configured}
         self._identity = keep_unmapped and not self.rules
+        self._in_place_steps: tuple[_Step, ...] | None = None
+        if _in_place_safe(self.rules, keep_unmapped):
+            # with keep_unmapped a cast changes nothing in the event: no step
+            kept = [rule for rule in self.rules if not (keep_unmapped and rule.action == "cast")]
+            self._in_place_steps = tuple(_Step.of(rule) for rule in kept)
 
     @classmethod
     def build(cls, keep_unmapped: bool = True, fields: Sequence[Mapping[str, Any]] = ()) -> Mapper:
@@ -81,19 +89,137 @@ class Mapper:
             raise MappingError("mappings.fields must be a list of rules")
         return cls(keep_unmapped, [_parse_rule(index, raw) for index, raw in enumerate(fields)])
 
-    def apply(self, event: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    def apply(self, event: dict[str, Any], in_place: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
         """The mapped event and the explicit column types, keyed by flattened column name.
 
-        The returned types dict is shared between calls: do not change it.
+        ``in_place=True``: the caller owns ``event`` and will not use it again, so the rules may
+        change it rather than copy (the mapped event may then be ``event`` itself). The result
+        is the same either way. The returned types dict is shared between calls: do not change it.
         """
         casts = self._casts_api if event.get("src") == "api" else self._casts_js
         if self._identity:  # no rules: nothing to copy or change
             return event, casts
+        if in_place and self._in_place_steps is not None:
+            return self._apply_in_place(event, self._in_place_steps), casts
         output: dict[str, Any] = dict(event) if self.keep_unmapped else {}
         owned = {id(output)}
         for rule in self.rules:
             _apply_rule(rule, event, output, owned, self.keep_unmapped)
         return output, casts
+
+    def _apply_in_place(self, event: dict[str, Any], steps: tuple[_Step, ...]) -> dict[str, Any]:
+        """``apply`` without copies: with keep_unmapped the rules change ``event`` itself.
+
+        Only for rules that ``_in_place_safe`` accepts: then each src still reads as it arrived,
+        and no write lands inside a subtree that is shared (a moved value, a constant).
+        """
+        keep_unmapped = self.keep_unmapped
+        output: dict[str, Any] = event if keep_unmapped else {}
+        for step in steps:
+            action = step.action
+            if action == "remove":
+                parent = _walk(output, step.src_parent, create=False)
+                if parent is not None:
+                    parent.pop(step.src_key, None)
+                continue
+            if action == "constant":
+                value = step.value
+            else:  # move, or cast without keep_unmapped: the src value, if there is one
+                parent = _walk(event, step.src_parent, create=False)
+                value = MISSING if parent is None else parent.get(step.src_key, MISSING)
+                if value is MISSING:
+                    continue
+                if keep_unmapped:  # a move: event is output, so parent is where src is
+                    del parent[step.src_key]
+            parent = _walk(output, step.dst_parent, create=True)
+            if parent is not None:
+                parent[step.dst_key] = value
+        return output
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A rule for ``Mapper._apply_in_place``: paths split into the parent object and the key."""
+
+    action: str
+    src_parent: Path
+    src_key: str
+    dst_parent: Path
+    dst_key: str
+    value: Any
+
+    @classmethod
+    def of(cls, rule: Rule) -> _Step:
+        # cast writes its value back at src (only run without keep_unmapped)
+        dst = rule.src if rule.action == "cast" else rule.dst
+        src_key = rule.src[-1] if rule.src else ""
+        return cls(rule.action, rule.src[:-1], src_key, dst[:-1], dst[-1] if dst else "", rule.value)
+
+
+def _walk(root: dict[str, Any], keys: Path, create: bool) -> dict[str, Any] | None:
+    """The object at ``keys`` under ``root``; None when there is none there.
+
+    With ``create``, missing or null objects on the way are created (a non-object value is
+    never replaced), as ``paths.set_path`` does.
+    """
+    node = root
+    for key in keys:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            if child is not None or not create:
+                return None
+            child = node[key] = {}
+        node = child
+    return node
+
+
+def _in_place_safe(rules: Sequence[Rule], keep_unmapped: bool) -> bool:
+    """Whether applying ``rules`` in place gives what copy on write gives.
+
+    Copy on write reads every src from the event as it arrived and never changes an object it
+    did not copy. In place, the same holds when (1) no rule writes strictly inside a path that a
+    rule reads or sets: that would change a value that is also the event's (still to be read, or
+    placed at a dst) or a constant shared by all events; and (2) no rule writes at or above a
+    path that a later rule reads, which would then read the changed event. Overlapping rules
+    are rare; for them ``apply`` copies.
+    """
+    reads = [_reads(rule, keep_unmapped) for rule in rules]
+    sets = [_sets(rule, keep_unmapped) for rule in rules]
+    writes = [_pops(rule, keep_unmapped) + set_paths for rule, set_paths in zip(rules, sets, strict=True)]
+    shared = [path for paths in reads + sets for path in paths]
+    for index, written in enumerate(writes):
+        later_reads = [path for paths in reads[index + 1 :] for path in paths]
+        for path in written:
+            if any(_strictly_inside(path, other) for other in shared):
+                return False
+            if any(other[: len(path)] == path for other in later_reads):
+                return False
+    return True
+
+
+def _strictly_inside(path: Path, other: Path) -> bool:
+    return len(path) > len(other) and path[: len(other)] == other
+
+
+def _reads(rule: Rule, keep_unmapped: bool) -> tuple[Path, ...]:
+    """The src paths whose values ``rule`` places in the mapped event."""
+    if rule.action == "move" or (rule.action == "cast" and not keep_unmapped):
+        return (rule.src,)
+    return ()
+
+
+def _sets(rule: Rule, keep_unmapped: bool) -> tuple[Path, ...]:
+    if rule.action in ("move", "constant"):
+        return (rule.dst,)
+    if rule.action == "cast" and not keep_unmapped:
+        return (rule.src,)
+    return ()
+
+
+def _pops(rule: Rule, keep_unmapped: bool) -> tuple[Path, ...]:
+    if rule.action == "remove" or (rule.action == "move" and keep_unmapped):
+        return (rule.src,)
+    return ()
 
 
 def _apply_rule(rule: Rule, event: dict, output: dict, owned: set[int], keep_unmapped: bool) -> None:

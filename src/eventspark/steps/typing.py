@@ -149,6 +149,18 @@ def infer_type(value: object) -> DataType:
 # Module names for the members used on the hot path: a global lookup is cheaper than an enum attribute.
 _STRING = DataType.STRING
 _TIMESTAMP = DataType.TIMESTAMP
+_INT64 = DataType.INT64
+# Indexed by DataType: the value classes that a column of that type holds without promotion
+# whatever its casts. Not int for INT64 (an int beyond int64 promotes it to FLOAT64), nothing
+# for TIMESTAMP (a string must parse), and STRING is never looked up (it holds everything).
+_HOLDS_AS_IS: tuple[frozenset[type], ...] = (
+    frozenset(),  # no DataType 0
+    frozenset({bool}),  # BOOL
+    frozenset({bool}),  # INT64
+    frozenset({bool, int, float, Decimal}),  # FLOAT64
+    frozenset(),  # TIMESTAMP
+    frozenset(),  # STRING
+)
 _TYPE_OF_KIND: dict[type, DataType] = {
     bool: DataType.BOOL,
     float: DataType.FLOAT64,
@@ -199,8 +211,15 @@ class BatchHeader:
             if current is None:
                 if value is not None:
                     fields[name] = _new_field(name, value, casts)
-            elif current.type is not _STRING and value is not None:  # STRING is the root: no check
-                _promote_field(current, name, value, casts)
+                continue
+            known = current.type
+            if known is _STRING or value is None:  # STRING is the root: nothing promotes it
+                continue
+            kind = value.__class__
+            # Inline, the values that leave the type as it is (most of them): no call.
+            if kind in _HOLDS_AS_IS[known] or (kind is int and known is _INT64 and _INT64_MIN <= value <= _INT64_MAX):
+                continue
+            _promote_field(current, name, value, casts)
 
     def to_dict(self) -> dict[str, Any]:
         """The proto3 JSON form of ``eventspark.pipeline.BatchHeader`` (proto field names)."""

@@ -71,13 +71,16 @@ class ParquetStageWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        arrays = [_arrow_column([row[i] for row in rows], t) for i, t in enumerate(columns.values())]
-        table = pa.Table.from_arrays(arrays, names=list(columns))
-        self._folder.mkdir(parents=True, exist_ok=True)
         path = self._folder / f"{uuid.uuid4().hex}.parquet"
-        tmp = path.with_suffix(".tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        tmp.rename(path)
+        try:
+            arrays = [_arrow_column([row[i] for row in rows], t) for i, t in enumerate(columns.values())]
+            table = pa.Table.from_arrays(arrays, names=list(columns))
+            self._folder.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            pq.write_table(table, tmp, compression="zstd")
+            tmp.rename(path)
+        except (pa.ArrowException, ValueError, OSError) as exc:
+            raise TerminalError(f"duckdb: staging {len(rows)} rows in {self._folder}: {exc}") from exc
         return StagedChunk(str(path), dict(columns), len(rows))
 
     def close(self) -> None:

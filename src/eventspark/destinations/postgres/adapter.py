@@ -111,14 +111,19 @@ class PostgresStageWriter:
         types = [STAGE_TYPES[t] for t in columns.values()]
         with translated_errors(f"staging {len(rows)} rows"):
             conn = self._connection()
-            with conn.cursor() as cur:
-                cur.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, defs))
-                copy_sql = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table, names)
-                with cur.copy(copy_sql) as copy:
-                    copy.set_types(types)
-                    for row in rows:
-                        copy.write_row(row)
-            conn.commit()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, defs))
+                    copy_sql = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table, names)
+                    with cur.copy(copy_sql) as copy:
+                        copy.set_types(types)
+                        for row in rows:
+                            copy.write_row(row)
+                conn.commit()
+            except BaseException:
+                if not conn.closed:
+                    conn.rollback()  # keep the connection usable for the task's other chunks
+                raise
         return StagedChunk(name, dict(columns), len(rows))
 
     def _connection(self) -> psycopg.Connection[Any]:

@@ -1,0 +1,98 @@
+"""One executor task in-process: routing, counts, spools and a stage that fails."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from eventspark.batch.partition import SUMMARY_FIELDS, process_splits
+from eventspark.batch.plan import JobPlan, token_routes
+from eventspark.batch.splits import Split
+from eventspark.config.models import ApiKey, DuckDBDestination
+from eventspark.destinations.base import StagedChunk, TransientError
+from eventspark.steps.typing import DataType
+
+
+class RecordingStage:
+    """A stage that keeps chunks in memory and refuses the tables it is told to."""
+
+    def __init__(self, refuse: set[str]) -> None:
+        self.refuse = refuse
+        self.written: list[tuple[dict[str, DataType], list[list[Any]]]] = []
+
+    def open(self) -> RecordingStage:
+        return self
+
+    def write(self, columns: Mapping[str, DataType], rows: Sequence[Sequence[Any]]) -> StagedChunk:
+        if any(row[list(columns).index("event_type")] in self.refuse for row in rows):
+            raise TransientError("stage is down")
+        self.written.append((dict(columns), [list(r) for r in rows]))
+        return StagedChunk(f"chunk{len(self.written)}", dict(columns), len(rows))
+
+    def close(self) -> None:
+        return None
+
+
+def _plan(tmp_path: Path, stage: RecordingStage, chunk_rows: int = 50_000) -> JobPlan:
+    dest = DuckDBDestination.model_validate(
+        {"type": "duckdb", "data_layout": {"table_name_template": "{{.event_type}}"}}
+    )
+    plan = JobPlan("job", str(tmp_path / "staging"), {"dd": dest}, {}, {}, (), {"log": "web"}, {"log": 0})
+    routes = token_routes([ApiKey(id="web", client_secret="s")], {"dd": dest})
+    plan.secret_tokens, plan.token_destinations, plan.default_destinations = routes
+    plan.stages = {"dd": stage}  # type: ignore[dict-item]
+    plan.chunk_rows = chunk_rows
+    return plan
+
+
+def _run(tmp_path: Path, plan: JobPlan, lines: list[bytes]) -> list[dict[str, Any]]:
+    path = tmp_path / "log"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    rows = process_splits(plan, 3, [Split(str(path), 0, path.stat().st_size)])
+    return [dict(zip(SUMMARY_FIELDS, row, strict=True)) for row in rows]
+
+
+def test_counts_chunks_and_failed_spools(tmp_path: Path) -> None:
+    stage = RecordingStage(refuse=set())
+    lines = [orjson.dumps({"event_type": "a", "n": i}) for i in range(5)] + [b"{oops", b'{"event_type": ""}']
+    summary = _run(tmp_path, _plan(tmp_path, stage, chunk_rows=2), lines)
+    counts = {(r["file"], r["tbl"]): (r["rows"], r["failed"], r["skipped"]) for r in summary if r["kind"] == "count"}
+    assert counts == {("log", "a"): (5, 0, 0), ("log", ""): (0, 1, 1)}
+    chunks = [orjson.loads(r["payload"]) for r in summary if r["kind"] == "chunk"]
+    assert [c["chunk"]["rows"] for c in chunks] == [2, 2, 1]
+    assert chunks[0]["header"]["fields"]["n"] == {"type": "INT64"}
+    assert [row for _, rows in stage.written for row in rows][-1] == ["a", 4]
+    (spool,) = [r["spool"] for r in summary if r["spool"]]
+    assert orjson.loads(Path(spool).read_bytes())["event"] == "{oops"
+
+
+def test_a_stage_failure_fails_its_pair_and_the_task_goes_on(tmp_path: Path) -> None:
+    stage = RecordingStage(refuse={"down"})
+    lines = [orjson.dumps({"event_type": t}) for t in ("down", "up", "down")]
+    summary = _run(tmp_path, _plan(tmp_path, stage), lines)
+    errors = [(r["tbl"], r["payload"]) for r in summary if r["kind"] == "error"]
+    assert errors == [("down", "staging: stage is down")]
+    assert [r["tbl"] for r in summary if r["kind"] == "chunk"] == ["up"]
+
+
+def test_an_event_that_breaks_a_step_fails_alone(tmp_path: Path, monkeypatch: Any) -> None:
+    from eventspark.steps.chain import DestinationChain
+
+    real = DestinationChain.process
+
+    def fragile(self: DestinationChain, event: dict[str, Any]) -> Any:
+        if event.get("poison"):
+            raise RecursionError("too deep")
+        return real(self, event)
+
+    monkeypatch.setattr(DestinationChain, "process", fragile)
+    stage = RecordingStage(refuse=set())
+    lines = [orjson.dumps({"event_type": "a", "poison": True}), orjson.dumps({"event_type": "a"})]
+    summary = _run(tmp_path, _plan(tmp_path, stage), lines)
+    counts = {r["tbl"]: (r["rows"], r["failed"]) for r in summary if r["kind"] == "count"}
+    assert counts == {"": (0, 1), "a": (1, 0)}
+    (spool,) = [r["spool"] for r in summary if r["spool"]]
+    assert "RecursionError: too deep" in orjson.loads(Path(spool).read_bytes())["error"]
