@@ -24,9 +24,8 @@ log = logging.getLogger(__name__)
 def heartbeat_period_of(section: CoordinationConfig | None) -> float:
     """A third of `coordination.heartbeat_ttl_sec` (10 s by default): a live node stays listed
     through two lost beats."""
-    # getattr: the field may be absent from older config models (then the default TTL applies).
-    ttl = getattr(section, "heartbeat_ttl_sec", None) or DEFAULT_HEARTBEAT_TTL
-    return float(ttl) / 3
+    ttl = section.heartbeat_ttl_sec if section is not None else DEFAULT_HEARTBEAT_TTL
+    return ttl / 3
 
 
 class NodeServices:

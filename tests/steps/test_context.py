@@ -64,6 +64,14 @@ def test_format_timestamp() -> None:
     assert format_timestamp(datetime(2021, 1, 1, 2, 30, 5)) == "2021-01-01T02:30:05.000000Z"
 
 
+def test_format_timestamp_formats_each_datetime_afresh() -> None:
+    # format_timestamp remembers the last datetime (a request's events share one): never stale
+    later = NOW + timedelta(microseconds=1)
+    texts = [format_timestamp(moment) for moment in (NOW, NOW, later, NOW, later.replace(tzinfo=None))]
+    first, second = "2020-06-16T23:00:00.000000Z", "2020-06-16T23:00:00.000001Z"
+    assert texts == [first, first, second, first, second]
+
+
 @pytest.mark.parametrize(
     ("headers", "peer", "expected"),
     [

@@ -397,3 +397,23 @@ def test_add_row_equals_merging_per_row_headers(rows: list[dict]) -> None:
 )
 def test_field_for(name: str, value: object, expected: tuple[Field, bool]) -> None:
     assert field_for(name, value, ROW_CASTS) == expected
+
+
+def test_add_row_sees_columns_added_since_it_last_looked() -> None:
+    # add_row remembers which columns are not STRING until the number of columns changes
+    header = BatchHeader("t")
+    header.add_row({"s": "a", "t": "b", "n": 1}, {})
+    header.add_row({"s": "a", "t": "b", "n": 2}, {})  # no new column: only n is looked at
+    header.add_row({"s": "a", "m": 1}, {})  # a new column
+    header.merge(BatchHeader("t", {"f": Field(DataType.BOOL)}))
+    header.fields["g"] = Field(DataType.INT64)  # by hand
+    header.add_row({"s": "x", "t": "y", "n": 3, "m": 1.5, "f": 2, "g": "text"}, {})
+    types = {name: f.type for name, f in header.fields.items()}
+    assert types == {
+        "s": DataType.STRING,
+        "t": DataType.STRING,
+        "n": DataType.INT64,
+        "m": DataType.FLOAT64,
+        "f": DataType.INT64,
+        "g": DataType.STRING,
+    }

@@ -64,10 +64,9 @@ def _walk_limits(value: Any) -> None:
 
 def _surely_within_limits(body: bytes) -> bool:
     # Nesting needs an opening bracket per level and every leaf at least two bytes: most bodies
-    # are provably within limits without walking them. One `translate` pass counts both
-    # brackets at half the cost of two `count` calls (this runs for every request).
+    # are provably within limits without walking them (two byte scans, ~1 µs for a 1 KB event).
     size = len(body)
-    return size <= MAX_DEPTH or (size <= 2 * MAX_LEAVES and size - len(body.translate(None, b"{[")) <= MAX_DEPTH)
+    return size <= MAX_DEPTH or (size <= 2 * MAX_LEAVES and body.count(b"{") + body.count(b"[") <= MAX_DEPTH)
 
 
 def measure(value: Any, depth_limit: int, leaf_limit: int) -> tuple[int, int]:

@@ -18,6 +18,7 @@ from eventspark.collector.http import (
     read_body,
 )
 from eventspark.collector.metrics import CONTENT_TYPE as METRICS_TYPE
+from eventspark.coordination.base import CoordinationError
 
 if TYPE_CHECKING:
     from eventspark.collector.app import CollectorApp
@@ -120,7 +121,11 @@ async def ping(app: CollectorApp, request: Request) -> Response:
 
 async def cluster(app: CollectorApp, request: Request) -> Response:
     check_admin(request, app.admin_token)
-    names = app.instances() or [app.server_name]
+    try:
+        # A network call to the coordination store: off the event loop.
+        names = await asyncio.to_thread(app.instances) or [app.server_name]
+    except CoordinationError as exc:
+        raise HTTPError(503, "The coordination store is unavailable", str(exc)) from None
     return json_response({"instances": [{"name": name} for name in sorted(names)]})
 
 

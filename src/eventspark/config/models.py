@@ -257,6 +257,9 @@ class EtcdConfig(Section):
 class CoordinationConfig(Section):
     redis: RedisConfig | None = None
     etcd: EtcdConfig | None = None
+    lock_lease_sec: float = Field(default=15, gt=0, description="how long a dead node's table lock survives it")
+    heartbeat_ttl_sec: float = Field(default=30, gt=0, description="how long a silent node stays listed")
+    key_prefix: str | None = Field(default=None, description="keys' namespace; None: the backend's own")
 
     @model_validator(mode="after")
     def _one_backend(self) -> CoordinationConfig:

@@ -7,6 +7,7 @@ is absent, Redis or etcd otherwise. Backend drivers are imported only when chose
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 from eventspark.config.models import CoordinationConfig
 from eventspark.coordination.base import (
@@ -38,14 +39,23 @@ def build_coordination(config: CoordinationConfig | None, node_name: str) -> Coo
             from eventspark.coordination.redis import RedisCoordination
         except ModuleNotFoundError as exc:
             raise _missing_driver("redis", "redis", exc.name) from exc
-        return RedisCoordination(config.redis, name)
+        return RedisCoordination(config.redis, name, **_options(config))
     if config is not None and config.etcd is not None:
         try:
             from eventspark.coordination.etcd import EtcdCoordination
         except ModuleNotFoundError as exc:
             raise _missing_driver("etcd", "etcd3gw", exc.name) from exc
-        return EtcdCoordination(config.etcd, name)
+        return EtcdCoordination(config.etcd, name, **_options(config))
+    if config is not None:
+        return MemoryCoordination(name, heartbeat_ttl=config.heartbeat_ttl_sec)
     return MemoryCoordination(name)
+
+
+def _options(config: CoordinationConfig) -> dict[str, Any]:
+    options: dict[str, Any] = {"lease_seconds": config.lock_lease_sec, "heartbeat_ttl": config.heartbeat_ttl_sec}
+    if config.key_prefix is not None:
+        options["key_prefix"] = config.key_prefix
+    return options
 
 
 def _missing_driver(backend: str, package: str, missing: str | None) -> CoordinationError:

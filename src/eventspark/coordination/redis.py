@@ -63,6 +63,7 @@ class RedisCoordination:
         self._where = f"Redis at {config.host}:{config.port}"
         self._lease_ms = max(1, round(lease_seconds * 1000))
         self._heartbeat_ms = max(1, round(heartbeat_ttl * 1000))
+        self._beating = False
         self._prefix = key_prefix
         # The client connects lazily, on its first command: building it does no I/O.
         self._client = redis.Redis(
@@ -119,6 +120,7 @@ class RedisCoordination:
     def heartbeat(self) -> None:
         with self._translated("recording a heartbeat"):
             self._client.set(f"{self._prefix}node:{self.node_name}", "alive", px=self._heartbeat_ms)
+        self._beating = True
 
     def instances(self) -> list[str]:
         prefix = f"{self._prefix}node:"
@@ -127,9 +129,12 @@ class RedisCoordination:
             return sorted({key[len(prefix) :] for key in keys})
 
     def close(self) -> None:
+        # Only a node that listed itself unlists itself: `eventspark process` builds a coordination
+        # under the same name as a running `serve` and must not hide it from the cluster.
         try:
-            with self._translated("unlisting this node"):
-                self._client.delete(f"{self._prefix}node:{self.node_name}")
+            if self._beating:
+                with self._translated("unlisting this node"):
+                    self._client.delete(f"{self._prefix}node:{self.node_name}")
         except CoordinationError as exc:
             logger.warning("could not unlist node %s, its heartbeat will expire: %s", self.node_name, exc)
         finally:

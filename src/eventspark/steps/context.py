@@ -48,20 +48,31 @@ def new_event_id() -> str:
     return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
 
 
+# The last datetime formatted and its text. The events of one request share one ``now``, so a
+# batch formats it once (about 1 µs an event). Holding the datetime keeps its id from being
+# reused, so identity is a safe test; replacing the tuple is atomic for threads.
+_last_formatted: tuple[datetime | None, str] = (None, "")
+
+
 def format_timestamp(dt: datetime) -> str:
     """``2006-01-02T15:04:05.000000Z`` in UTC; a naive ``dt`` is taken to be UTC already."""
-    if dt.tzinfo is not None and dt.tzinfo is not UTC:
-        dt = dt.astimezone(UTC)
-    # %-formatting beats strftime and isoformat here, and this runs for every event.
-    return "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (  # noqa: UP031
-        dt.year,
-        dt.month,
-        dt.day,
-        dt.hour,
-        dt.minute,
-        dt.second,
-        dt.microsecond,
+    global _last_formatted
+    last, text = _last_formatted
+    if dt is last:
+        return text
+    utc = dt.astimezone(UTC) if dt.tzinfo is not None and dt.tzinfo is not UTC else dt
+    # %-formatting beats strftime and isoformat here, and this runs for every request.
+    text = "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (  # noqa: UP031
+        utc.year,
+        utc.month,
+        utc.day,
+        utc.hour,
+        utc.minute,
+        utc.second,
+        utc.microsecond,
     )
+    _last_formatted = (dt, text)
+    return text
 
 
 def client_ip(headers: Mapping[str, str], peer: str | None) -> str:
@@ -106,7 +117,9 @@ def enrich_context(
     elif user_agent:
         (ctx if nested else event)["user_agent"] = user_agent
     if nested:
-        _ensure_nested_id(ctx, new_id)
+        event_id = ctx.get("event_id")
+        if event_id.__class__ is not str or not event_id:  # the usual non-empty string stays as it is
+            ctx["event_id"] = _usable_id(event_id) or new_id()
     else:
         _ensure_flat_id(event, new_id)
     return event
@@ -118,10 +131,6 @@ def _usable_id(value: Any) -> str | None:
     if value.__class__ is int:
         return str(value)
     return None
-
-
-def _ensure_nested_id(ctx: dict[str, Any], new_id: Callable[[], str]) -> None:
-    ctx["event_id"] = _usable_id(ctx.get("event_id")) or new_id()
 
 
 def _ensure_flat_id(event: dict[str, Any], new_id: Callable[[], str]) -> None:

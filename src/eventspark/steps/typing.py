@@ -179,10 +179,17 @@ class Field:
 
 @dataclass(slots=True)
 class BatchHeader:
-    """The columns seen in a batch for one table, each with its promoted type."""
+    """The columns seen in a batch for one table, each with its promoted type.
+
+    Change ``fields`` by hand only by adding fields or promoting types, as ``add_row`` and
+    ``merge`` do: ``add_row`` remembers which fields are STRING while their number stays the same.
+    """
 
     table_name: str
     fields: dict[str, Field] = field(default_factory=dict)
+    # add_row's memo: the names of the fields that were not STRING when there were _typed_size.
+    _typed: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
+    _typed_size: int = field(default=-1, init=False, repr=False, compare=False)
 
     def merge(self, other: BatchHeader) -> None:
         """Add ``other``'s fields: new names are added, known names promoted.
@@ -203,9 +210,30 @@ class BatchHeader:
     def add_row(self, row: Mapping[str, object], casts: Mapping[str, str]) -> None:
         """Merge one flattened row into this header, as ``merge(header_for(...))`` would.
 
-        The batch hot path: a known column costs a dict lookup and usually one type check.
+        The batch hot path. Once a table's columns are known most rows bring no new one, and
+        most columns are STRING, which nothing can promote: such a row costs a subset check (in
+        C) and a look at its values of the other columns only.
         """
         fields = self.fields
+        if len(row) <= len(fields) and row.keys() <= fields.keys():  # no new column
+            typed = self._typed if self._typed_size == len(fields) else self._typed_names()
+            if len(typed) < len(row):
+                for name in typed:
+                    value = row.get(name)
+                    if value is None:
+                        continue
+                    current = fields[name]
+                    known = current.type
+                    kind = value.__class__
+                    # Inline, the values that leave the type as it is (most): no call. As below.
+                    if (
+                        known is _STRING
+                        or kind in _HOLDS_AS_IS[known]
+                        or (kind is int and known is _INT64 and _INT64_MIN <= value <= _INT64_MAX)  # type: ignore[operator]
+                    ):
+                        continue
+                    _promote_field(current, name, value, casts)
+                return
         for name, value in row.items():
             current = fields.get(name)
             if current is None:
@@ -217,9 +245,21 @@ class BatchHeader:
                 continue
             kind = value.__class__
             # Inline, the values that leave the type as it is (most of them): no call.
-            if kind in _HOLDS_AS_IS[known] or (kind is int and known is _INT64 and _INT64_MIN <= value <= _INT64_MAX):
+            if kind in _HOLDS_AS_IS[known] or (
+                kind is int and known is _INT64 and _INT64_MIN <= value <= _INT64_MAX  # type: ignore[operator]
+            ):
                 continue
             _promote_field(current, name, value, casts)
+
+    def _typed_names(self) -> list[str]:
+        """The names of the fields that are not STRING, remembered until a field is added.
+
+        A STRING field stays STRING (the root of the promotion tree), so a row with no new
+        column needs looking at only these; promoted since, some may be STRING by now.
+        """
+        self._typed = [name for name, f in self.fields.items() if f.type is not _STRING]
+        self._typed_size = len(self.fields)
+        return self._typed
 
     def to_dict(self) -> dict[str, Any]:
         """The proto3 JSON form of ``eventspark.pipeline.BatchHeader`` (proto field names)."""

@@ -151,13 +151,21 @@ class PostgresAdapter(DestinationAdapter):
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
             with translated_errors("connecting"):
-                self._conn = psycopg.connect(self.conninfo)
-                self._prepare(self._conn)
+                conn = psycopg.connect(self.conninfo)
+                try:
+                    self._prepare(conn)
+                except BaseException:
+                    conn.close()  # unprepared: the next use connects and prepares again
+                    raise
+                self._conn = conn
         return self._conn
 
     def _prepare(self, conn: psycopg.Connection[Any]) -> None:
         loads = sql.Identifier(self.schema, LOADS_TABLE)
         with conn.transaction():
+            # Nodes connecting at once would race on CREATE ... IF NOT EXISTS (a unique violation
+            # in the catalog): a transaction-scoped advisory lock makes them take turns.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('eventspark.prepare'))")
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
             conn.execute(
                 sql.SQL(
