@@ -31,7 +31,9 @@ lint: install-dev
 	$(VENV)/bin/ruff format --check src tests bench
 
 bench: install-dev
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) bench/steps.py
+	$(PY) bench/batch.py --dlt-events 100000
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -7,10 +7,11 @@ LookupEnrichment (GeoLite2 via the maxminddb C extension, user agent via ua-pars
 flatten → typing (BatchHeader accumulation). The baseline is orjson.loads + orjson.dumps of the same
 lines, measured in the same run, so the ratio is comparable across noisy machines.
 
-Times are CPU time of this process (``time.process_time``), best of ``--repeat`` runs: on a shared
-machine that is the least disturbed by other load. ``--stages`` adds the cost of each step alone
-(the chain cut after that step, less the chain cut before it); ``--profile``
-prints cProfile's top functions for one chain run.
+Times are CPU time of this process (``time.process_time``), the best of ``--repeat`` runs, and the
+runs of everything compared take turns (baseline, chain, baseline, chain, ...): a burst of load
+from elsewhere on a shared machine then slows both sides alike rather than one. ``--stages`` adds
+the cost of each step: the chain cut after that step less the chain cut before it. ``--profile``
+prints cProfile's busiest functions for one chain run.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -39,6 +39,7 @@ from eventspark.steps.lookup import GeoResolver, UserAgentParser
 from generate import count_leaves, generate_events
 
 TEMPLATE = '{{.event_type}}_{{._timestamp.Format "2006_01"}}'
+STAGES = ("orjson.loads", "context", "template", "lookup", "mapping", "flatten", "header")
 
 
 def geolite_path() -> str | None:
@@ -71,15 +72,9 @@ def build_chain() -> DestinationChain:
     return DestinationChain.build("bench", destination, geo, UserAgentParser())
 
 
-def enrich(event: dict[str, Any], now: datetime) -> dict[str, Any]:
-    return enrich_context(
-        event, token="bench-token", source_ip="203.0.113.9", user_agent=None, server_side=False, now=now
-    )
-
-
 def run_chain(lines: list[bytes], chain: DestinationChain) -> HeaderBuilder:
     headers = HeaderBuilder()
-    now = datetime.now(UTC)
+    now = datetime.now(UTC)  # one for all: the collector formats one `now` per request
     for line in lines:
         event = enrich_context(
             orjson.loads(line),
@@ -95,36 +90,17 @@ def run_chain(lines: list[bytes], chain: DestinationChain) -> HeaderBuilder:
     return headers
 
 
-def run_baseline(lines: list[bytes]) -> int:
-    size = 0
-    for line in lines:
-        size += len(orjson.dumps(orjson.loads(line)))
-    return size
-
-
-def timed(fn: Callable[[], object], repeat: int) -> float:
-    """Best of `repeat` runs, in CPU seconds: the least disturbed by other load on a shared machine."""
-    best = float("inf")
-    for _ in range(repeat):
-        gc.collect()
-        start = time.process_time()
-        fn()
-        best = min(best, time.process_time() - start)
-    return best
-
-
-STAGES = ("orjson.loads", "context", "template", "lookup", "mapping", "flatten", "header")
-
-
 def run_stages(lines: list[bytes], chain: DestinationChain, stages: int) -> HeaderBuilder:
-    """`run_chain` with the steps of `DestinationChain.process` inline, stopping after `stages`."""
+    """`run_chain` with `DestinationChain.process` spelled out, cut after the first `stages` steps."""
     headers = HeaderBuilder()
     now = datetime.now(UTC)
     for line in lines:
         event = orjson.loads(line)
         if stages < 2:
             continue
-        enrich(event, now)
+        enrich_context(
+            event, token="bench-token", source_ip="203.0.113.9", user_agent=None, server_side=False, now=now
+        )
         if stages < 3:
             continue
         table = chain.template.render(event)
@@ -143,28 +119,46 @@ def run_stages(lines: list[bytes], chain: DestinationChain, stages: int) -> Head
     return headers
 
 
-def stage_times(lines: list[bytes], chain: DestinationChain, repeat: int) -> dict[str, float]:
-    """CPU seconds of each step over all `lines`: the chain's time with it less without it.
+def run_baseline(lines: list[bytes]) -> int:
+    size = 0
+    for line in lines:
+        size += len(orjson.dumps(orjson.loads(line)))
+    return size
 
-    The chain runs cut after each step in turn (each the same best of `repeat` as the whole
-    chain), so every step works on an event that the steps before it have just touched, as
-    in the chain; the differences add up to the whole chain.
+
+def best_times(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Best CPU seconds of each run over `repeat` rounds; each round runs every one in turn."""
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(repeat):
+        for name, run in runs.items():
+            gc.collect()
+            start = time.process_time()
+            run()
+            best[name] = min(best[name], time.process_time() - start)
+    return best
+
+
+def stage_times(lines: list[bytes], chain: DestinationChain, repeat: int) -> dict[str, float]:
+    """CPU seconds of each step over all `lines`: the chain cut after it less the chain cut before.
+
+    Each step works on an event that the steps before it have just touched, as in the chain.
     """
-    times: dict[str, float] = {}
+    cut = {name: lambda count=count: run_stages(lines, chain, count) for count, name in enumerate(STAGES, 1)}
+    totals = best_times(cut, repeat)
     previous = 0.0
-    for count, name in enumerate(STAGES, start=1):
-        total = timed(lambda count=count: run_stages(lines, chain, count), repeat)
+    times: dict[str, float] = {}
+    for name, total in totals.items():
         times[name] = total - previous
         previous = total
     return times
 
 
-def print_stages(times: dict[str, float], n: int, baseline: float) -> None:
+def print_stages(times: dict[str, float], n: int) -> None:
     total = sum(times.values())
-    print("per stage (CPU µs/event: the chain cut after the stage, less the chain cut before it):")
+    print("per stage, CPU µs/event (the chain cut after the stage less the chain cut before it):")
     for name, seconds in times.items():
         print(f"  {name:<13} {seconds / n * 1e6:6.2f}  {seconds / total:4.0%}")
-    print(f"  {'sum':<13} {total / n * 1e6:6.2f}   (baseline loads+dumps {baseline / n * 1e6:.2f})")
+    print(f"  {'all':<13} {total / n * 1e6:6.2f}")
 
 
 def print_profile(lines: list[bytes], chain: DestinationChain) -> None:
@@ -174,13 +168,11 @@ def print_profile(lines: list[bytes], chain: DestinationChain) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--stages", action="store_true", help="also time each step alone")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--stages", action="store_true", help="also time each step of the chain")
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of one chain run")
     args = parser.parse_args()
 
@@ -190,18 +182,18 @@ def main() -> None:
     chain = build_chain()
     headers = run_chain(lines, chain)  # warm-up: fills the UA and GeoIP caches as a running service has them
 
-    baseline = timed(lambda: run_baseline(lines), args.repeat)
-    chain_time = timed(lambda: run_chain(lines, chain), args.repeat)
+    times = best_times({"baseline": lambda: run_baseline(lines), "chain": lambda: run_chain(lines, chain)}, args.repeat)
+    baseline, chain_time = times["baseline"], times["chain"]
     n = len(lines)
     print(f"events: {n:,} (avg {leaves:.1f} leaves, {sum(map(len, lines)) / n:.0f} bytes), one core")
     print(
         f"tables: {len(headers.headers)}, columns in the widest: {max(len(h.fields) for h in headers.headers.values())}"
     )
-    print(f"baseline orjson loads+dumps: {n / baseline:>10,.0f} events/s  {baseline / n * 1e6:6.2f} µs/event")
-    print(f"full step chain:             {n / chain_time:>10,.0f} events/s  {chain_time / n * 1e6:6.2f} µs/event")
+    print(f"baseline orjson loads+dumps: {n / baseline:>10,.0f} events/s {baseline / n * 1e6:7.2f} µs/event")
+    print(f"full step chain:             {n / chain_time:>10,.0f} events/s {chain_time / n * 1e6:7.2f} µs/event")
     print(f"ratio chain/baseline:        {baseline / chain_time:>10.3f}")
     if args.stages:
-        print_stages(stage_times(lines, chain, args.repeat), n, baseline)
+        print_stages(stage_times(lines, chain, args.repeat), n)
     if args.profile:
         print_profile(lines, chain)
 

@@ -24,7 +24,8 @@ def fixture_events() -> list[dict]:
 def test_fixture_log_tables_skips_and_failures() -> None:
     chain = chain_for(
         {
-            "table_name_template": '{{if ne .event_type "skipped"}}{{.event_type}}_{{._timestamp.Format "2006_01"}}{{end}}'
+            "table_name_template": '{{if ne .event_type "skipped"}}'
+            '{{.event_type}}_{{._timestamp.Format "2006_01"}}{{end}}'
         }
     )
     results = [chain.process(e) for e in fixture_events()]

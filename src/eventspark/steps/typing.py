@@ -187,7 +187,7 @@ class BatchHeader:
 
     table_name: str
     fields: dict[str, Field] = field(default_factory=dict)
-    # add_row's memo: the names of the fields that were not STRING when there were _typed_size.
+    # add_row's memo (_typed_names): the fields that were not STRING when there were _typed_size.
     _typed: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
     _typed_size: int = field(default=-1, init=False, repr=False, compare=False)
 
@@ -218,21 +218,7 @@ class BatchHeader:
         if len(row) <= len(fields) and row.keys() <= fields.keys():  # no new column
             typed = self._typed if self._typed_size == len(fields) else self._typed_names()
             if len(typed) < len(row):
-                for name in typed:
-                    value = row.get(name)
-                    if value is None:
-                        continue
-                    current = fields[name]
-                    known = current.type
-                    kind = value.__class__
-                    # Inline, the values that leave the type as it is (most): no call. As below.
-                    if (
-                        known is _STRING
-                        or kind in _HOLDS_AS_IS[known]
-                        or (kind is int and known is _INT64 and _INT64_MIN <= value <= _INT64_MAX)  # type: ignore[operator]
-                    ):
-                        continue
-                    _promote_field(current, name, value, casts)
+                self._promote_typed(row, typed, casts)
                 return
         for name, value in row.items():
             current = fields.get(name)
@@ -251,11 +237,30 @@ class BatchHeader:
                 continue
             _promote_field(current, name, value, casts)
 
+    def _promote_typed(self, row: Mapping[str, object], typed: list[str], casts: Mapping[str, str]) -> None:
+        """``add_row`` for a row with no new column: only the ``typed`` columns can change."""
+        fields = self.fields
+        for name in typed:
+            value = row.get(name)
+            if value is None:
+                continue
+            current = fields[name]
+            known = current.type
+            kind = value.__class__
+            # The same inline test as in add_row, and STRING (promoted since _typed_names ran).
+            if (
+                known is _STRING
+                or kind in _HOLDS_AS_IS[known]
+                or (kind is int and known is _INT64 and _INT64_MIN <= value <= _INT64_MAX)  # type: ignore[operator]
+            ):
+                continue
+            _promote_field(current, name, value, casts)
+
     def _typed_names(self) -> list[str]:
-        """The names of the fields that are not STRING, remembered until a field is added.
+        """The names of the fields that are not STRING, remembered until the number of fields changes.
 
         A STRING field stays STRING (the root of the promotion tree), so a row with no new
-        column needs looking at only these; promoted since, some may be STRING by now.
+        column needs looking at only these.
         """
         self._typed = [name for name, f in self.fields.items() if f.type is not _STRING]
         self._typed_size = len(self.fields)
