@@ -1,18 +1,33 @@
 """Collector throughput: eventspark against a minimal baseline app, same server, same load, same run.
 
-    .venv/bin/python bench/ingest.py [--duration 10] [--connections 50] [--rounds 3]
+    .venv/bin/python bench/ingest.py [--rounds 6] [--duration 5] [--connections 50] [--no-pin]
+    .venv/bin/python bench/ingest.py --in-process [--profile]
 
-Starts `eventspark serve` on a temporary config (one token, one batch destination) and a
-baseline ASGI app under the same uvicorn settings (`eventspark.collector.server.uvicorn_config`:
-uvloop, httptools, no access log) that parses the body with orjson and appends it as a line
-with `os.write`; re-serialising is the least a collector must do, since a body may contain
-newlines. A third server, `base+enrich`, is the baseline plus `enrich_context`: the floor that
-the mandatory ContextEnrichment step sets. All get the same POST of a 40-leaf web event, with a
+Starts `eventspark serve` on a temporary config (one token, one batch destination; the batch
+uploader's period is set beyond the run, so no Spark pass competes for the CPU) and a baseline
+ASGI app under the same uvicorn settings (`eventspark.collector.server.uvicorn_config`: uvloop,
+httptools, no access log) that parses the body with orjson and appends it as a line with
+`os.write`; re-serialising is the least a collector must do, since a body may contain newlines.
+A third server, `base+enrich`, is the baseline plus `enrich_context`: the floor that the
+mandatory ContextEnrichment step sets. All get the same POST of a 40-leaf web event, with a
 browser's User-Agent and Origin, at `--connections` connections from wrk (installed with apt-get
-when missing), or from a built-in asyncio load generator when wrk cannot be had. Rounds
-alternate between the servers; per server the round with the best req/s is shown, with the
-median server CPU time per request (steadier than req/s when other work shares the machine).
-Exits non-zero when a target (req/s ratio >= 0.9, p99 < 10 ms, RSS < 150 MB, no errors) is missed.
+when missing), or from a built-in asyncio load generator when wrk cannot be had.
+
+Made for a shared, noisy machine: rounds are short and alternate between the servers, in
+reverse order every other round, so a burst of load from elsewhere hits the rounds next to each
+other alike; the ratio is computed per round (eventspark over the baseline's round next to it)
+and the median over the rounds is reported, with the medians of req/s, latency and server CPU
+time per request. With two CPUs or more, every server runs on CPU 0 and wrk on CPU 1 (`--no-pin`
+lets the scheduler place them): the load generator then never takes CPU from the server it loads.
+
+`--in-process` needs no sockets: each app runs under uvicorn's own HTTP protocol object with a
+fake transport, fed the same request bytes in a loop, so the CPU per request of everything in
+Python (uvicorn, the app, `os.write`) is measured without the kernel's TCP work or wrk; the
+least noisy comparison on a busy machine. `--profile` adds cProfile's busiest functions of
+eventspark in that loop.
+
+Exits non-zero when a target (median req/s ratio >= 0.9, p99 < 10 ms, RSS < 150 MB, no errors)
+is missed.
 """
 
 from __future__ import annotations
@@ -29,19 +44,26 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 VENV_BIN = Path(sys.executable).parent
 TOKEN = "bench-js-secret"
 TARGET_RATIO, TARGET_P99_MS, TARGET_RSS_MB = 0.9, 10.0, 150.0
+SERVER_CPU, LOAD_CPU = 0, 1
 USER_AGENT = (
     "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/537.36 (KHTML, like Gecko) "
     "Chrome/120.0.0.0 Safari/537.36"
 )
 ORIGIN = "https://shop.example.com"
+SERVERS = ("baseline", "base+enrich", "eventspark")
+ROUND_ORDER = ("baseline", "eventspark", "base+enrich")
+"""Every other round runs in reverse: eventspark always runs next to the baseline it is compared to."""
 
 
 def web_event() -> bytes:
@@ -78,50 +100,72 @@ def web_event() -> bytes:
     return orjson.dumps(event)
 
 
-BASELINE_APP = """
-import os, sys, orjson, uvicorn
-from datetime import UTC, datetime
-from eventspark.collector.server import uvicorn_config
-from eventspark.config.models import Config
-from eventspark.steps.context import enrich_context
+def raw_request(body: bytes) -> bytes:
+    """The HTTP/1.1 request every load generator sends."""
+    head = (
+        f"POST /api/v1/event?token={TOKEN} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"User-Agent: {USER_AGENT}\r\nOrigin: {ORIGIN}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+# --- the baseline app -----------------------------------------------------------------------------
+
 
 class Baseline:
-    def __init__(self, path, enrich):
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self.enrich = enrich
+    """The least a collector does: parse, (optionally) enrich, re-serialise, append, answer."""
 
-    async def __call__(self, scope, receive, send):
+    def __init__(self, path: Path, enrich: bool) -> None:
+        from eventspark.steps.context import enrich_context
+
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.enrich = enrich_context if enrich else None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
                 await send({"type": message["type"] + ".complete"})
                 if message["type"] == "lifespan.shutdown":
                     return
-        body = b""
-        more = True
+        body, more = b"", True
         while more:
             message = await receive()
             body += message.get("body", b"")
             more = message.get("more_body", False)
         event = orjson.loads(body)
-        if self.enrich:  # the floor: the baseline plus the one step every accepted event needs
+        if self.enrich is not None:  # the floor: the baseline plus the step every accepted event needs
             agent = dict(scope["headers"]).get(b"user-agent", b"").decode()
-            enrich_context(event, token="t", source_ip=scope["client"][0], user_agent=agent,
-                           server_side=False, now=datetime.now(UTC))
+            now = datetime.now(UTC)
+            self.enrich(event, token="t", source_ip=scope["client"][0], user_agent=agent, server_side=False, now=now)
         os.write(self.fd, orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE))
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"15")]})
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"15")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": b'{"status":"ok"}'})
 
-if __name__ == "__main__":
-    # The same uvicorn settings as `eventspark serve`.
-    config = Config.model_validate({"server": {"host": "127.0.0.1", "port": int(sys.argv[2])}})
-    app = Baseline(sys.argv[1], enrich=sys.argv[3] == "enrich")
-    uvicorn.Server(uvicorn_config(app, config)).run()
-"""
+
+def serve_baseline(log: str, port: int, mode: str) -> None:
+    """The baseline server process, under the same uvicorn settings as `eventspark serve`."""
+    import uvicorn
+
+    from eventspark.collector.server import uvicorn_config
+    from eventspark.config.models import Config
+
+    config = Config.model_validate({"server": {"host": "127.0.0.1", "port": port}})
+    uvicorn.Server(uvicorn_config(Baseline(Path(log), mode == "enrich"), config)).run()  # type: ignore[arg-type]
 
 
 # --- servers --------------------------------------------------------------------------------------
+
+
+def eventspark_config(work: Path, port: int) -> dict[str, Any]:
+    return {
+        "server": {"host": "127.0.0.1", "port": port},
+        "api_keys": [{"id": "bench", "client_secret": TOKEN, "server_secret": "bench-s2s"}],
+        # No batch pass during the run: a Spark job would take the CPU from the server measured.
+        "log": {"path": str(work / "events"), "rotation_min": 1, "uploader_period_sec": 86400},
+        "destinations": {"warehouse": {"type": "duckdb"}},
+    }
 
 
 def free_port() -> int:
@@ -130,25 +174,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_eventspark(work: Path, port: int) -> subprocess.Popen[bytes]:
-    config = {
-        "server": {"host": "127.0.0.1", "port": port},
-        "api_keys": [{"id": "bench", "client_secret": TOKEN, "server_secret": "bench-s2s"}],
-        "log": {"path": str(work / "events"), "rotation_min": 1},
-        "destinations": {"warehouse": {"type": "duckdb"}},
-    }
-    path = work / "eventspark.json"
-    path.write_bytes(orjson.dumps(config))
-    return subprocess.Popen([str(VENV_BIN / "eventspark"), "serve", "-c", str(path)], **_quiet())
+def pinned(cpu: int | None) -> Callable[[], None] | None:
+    """A `preexec_fn` that keeps the child (and every thread it starts) on one CPU."""
+    return None if cpu is None else lambda: os.sched_setaffinity(0, {cpu})
 
 
-def start_baseline(work: Path, port: int, mode: str = "plain") -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-c", BASELINE_APP, str(work / f"baseline-{mode}.log"), str(port), mode]
-    return subprocess.Popen(command, **_quiet())
-
-
-def _quiet() -> dict[str, object]:
-    return {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
+def start_server(name: str, work: Path, port: int, cpu: int | None) -> subprocess.Popen[bytes]:
+    if name == "eventspark":
+        path = work / "eventspark.json"
+        path.write_bytes(orjson.dumps(eventspark_config(work, port)))
+        command = [str(VENV_BIN / "eventspark"), "serve", "-c", str(path)]
+    else:
+        mode = "enrich" if name == "base+enrich" else "plain"
+        command = [sys.executable, __file__, "--serve-baseline", str(work / f"baseline-{mode}.log"), str(port), mode]
+    quiet = subprocess.DEVNULL
+    return subprocess.Popen(command, stdout=quiet, stderr=quiet, start_new_session=True, preexec_fn=pinned(cpu))
 
 
 def wait_ready(port: int, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -210,7 +250,7 @@ def ensure_wrk() -> str | None:
     return shutil.which("wrk")
 
 
-def run_wrk(wrk: str, url: str, body: bytes, connections: int, duration: int, work: Path) -> Result:
+def run_wrk(wrk: str, url: str, body: bytes, args: argparse.Namespace, duration: int, work: Path) -> Result:
     script = work / "post.lua"
     script.write_text(
         'wrk.method = "POST"\n'
@@ -219,8 +259,9 @@ def run_wrk(wrk: str, url: str, body: bytes, connections: int, duration: int, wo
         f'wrk.headers["User-Agent"] = "{USER_AGENT}"\n'
         f'wrk.headers["Origin"] = "{ORIGIN}"\n'
     )
-    command = [wrk, "-t1", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(script), url]
-    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    command = [wrk, "-t1", f"-c{args.connections}", f"-d{duration}s", "--latency", "-s", str(script), url]
+    cpu = LOAD_CPU if args.pin else None
+    out = subprocess.run(command, capture_output=True, text=True, check=True, preexec_fn=pinned(cpu)).stdout
     return Result(
         rps=float(_search(r"Requests/sec:\s+([\d.]+)", out)),
         p50_ms=_wrk_latency(out, "50%"),
@@ -250,12 +291,9 @@ def _wrk_errors(out: str) -> int:
     return errors + (int(non_2xx.group(1)) if non_2xx else 0)
 
 
-async def _async_load(port: int, path: str, body: bytes, connections: int, duration: float) -> Result:
+async def _async_load(port: int, body: bytes, connections: int, duration: float) -> Result:
     """Fallback load generator: keep-alive HTTP/1.1 POSTs, one coroutine per connection."""
-    request = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"User-Agent: {USER_AGENT}\r\nOrigin: {ORIGIN}\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    request = raw_request(body)
     latencies: list[float] = []
     errors = 0
     deadline = time.monotonic() + duration
@@ -287,44 +325,61 @@ async def _async_load(port: int, path: str, body: bytes, connections: int, durat
     )
 
 
-def load(wrk: str | None, port: int, body: bytes, connections: int, duration: int, work: Path) -> Result:
-    path = f"/api/v1/event?token={TOKEN}"
+def load(wrk: str | None, port: int, body: bytes, args: argparse.Namespace, duration: int, work: Path) -> Result:
     if wrk is not None:
-        return run_wrk(wrk, f"http://127.0.0.1:{port}{path}", body, connections, duration, work)
-    return asyncio.run(_async_load(port, path, body, connections, duration))
+        return run_wrk(wrk, f"http://127.0.0.1:{port}/api/v1/event?token={TOKEN}", body, args, duration, work)
+    return asyncio.run(_async_load(port, body, args.connections, duration))
 
 
-# --- main -----------------------------------------------------------------------------------------
+# --- over the network -----------------------------------------------------------------------------
 
 
-def measure(wrk: str | None, body: bytes, args: argparse.Namespace, work: Path) -> dict[str, tuple[Result, float]]:
-    """Alternating rounds; per server the round with the best req/s, and the median CPU per request."""
-    ports = {name: free_port() for name in ("baseline", "base+enrich", "eventspark")}
-    servers = {
-        "baseline": start_baseline(work, ports["baseline"]),
-        "base+enrich": start_baseline(work, ports["base+enrich"], "enrich"),
-        "eventspark": start_eventspark(work, ports["eventspark"]),
-    }
+@dataclass
+class Summary:
+    """Medians over the rounds of one server."""
+
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    cpu_us: float
+    errors: int
+    rss_mb: float
+
+
+def measure(
+    wrk: str | None, body: bytes, args: argparse.Namespace, work: Path
+) -> tuple[dict[str, Summary], list[tuple[float, float]]]:
+    """Alternating rounds; per server the medians; per round eventspark/baseline in req/s and in CPU."""
+    ports = {name: free_port() for name in SERVERS}
+    cpu = SERVER_CPU if args.pin else None
+    servers = {name: start_server(name, work, ports[name], cpu) for name in SERVERS}
     rounds: dict[str, list[Result]] = {name: [] for name in servers}
     try:
         for name, process in servers.items():
             wait_ready(ports[name], process)
-            load(wrk, ports[name], body, args.connections, 2, work)  # warm-up
-        for _ in range(args.rounds):
-            for name, process in servers.items():
-                before = cpu_seconds(process.pid)
-                result = load(wrk, ports[name], body, args.connections, args.duration, work)
-                result.cpu_us = (cpu_seconds(process.pid) - before) / max(result.requests, 1) * 1e6
+            load(wrk, ports[name], body, args, 2, work)  # warm-up
+        for n in range(args.rounds):
+            for name in ROUND_ORDER if n % 2 == 0 else reversed(ROUND_ORDER):
+                pid = servers[name].pid
+                before = cpu_seconds(pid)
+                result = load(wrk, ports[name], body, args, args.duration, work)
+                result.cpu_us = (cpu_seconds(pid) - before) / max(result.requests, 1) * 1e6
                 rounds[name].append(result)
-        results = {}
-        for name, process in servers.items():
-            best = max(rounds[name], key=lambda r: r.rps)
-            best.cpu_us = statistics.median(r.cpu_us for r in rounds[name])
-            results[name] = (best, rss_mb(process.pid))
-        return results
+        summaries = {name: _summary(rounds[name], rss_mb(process.pid)) for name, process in servers.items()}
     finally:
         for process in servers.values():
             stop(process)
+    pairs = zip(rounds["eventspark"], rounds["baseline"], strict=True)
+    ratios = [(ours.rps / base.rps, base.cpu_us / ours.cpu_us) for ours, base in pairs]
+    return summaries, ratios
+
+
+def _summary(results: list[Result], rss: float) -> Summary:
+    def median(field: str) -> float:
+        return statistics.median(getattr(r, field) for r in results)
+
+    errors = sum(r.errors for r in results)
+    return Summary(median("rps"), median("p50_ms"), median("p99_ms"), median("cpu_us"), errors, rss)
 
 
 def check_logs(work: Path) -> None:
@@ -334,20 +389,23 @@ def check_logs(work: Path) -> None:
     print(f"eventspark wrote {lines} events to {len(rotated)} rotated log(s)")
 
 
-def report(results: dict[str, tuple[Result, float]]) -> int:
-    print(f"{'server':<12}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'CPU us/req':>12}{'RSS MB':>9}{'errors':>8}")
-    for name, (r, rss) in results.items():
-        print(f"{name:<12}{r.rps:>10.0f}{r.p50_ms:>9.2f}{r.p99_ms:>9.2f}{r.cpu_us:>12.1f}{rss:>9.1f}{r.errors:>8}")
-    ours, rss = results["eventspark"]
-    base = results["baseline"][0]
-    ratio = ours.rps / base.rps
-    print(f"eventspark/baseline: req/s {ratio:.3f}; CPU per request {base.cpu_us / ours.cpu_us:.3f}")
-    floor = results["base+enrich"][0]
+def report(summaries: dict[str, Summary], ratios: list[tuple[float, float]]) -> int:
+    print(f"{'server':<12}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'CPU us/req':>12}{'RSS MB':>9}{'errors':>8}")
+    for name, s in summaries.items():
+        print(f"{name:<12}{s.rps:>9.0f}{s.p50_ms:>9.2f}{s.p99_ms:>9.2f}{s.cpu_us:>12.1f}{s.rss_mb:>9.1f}{s.errors:>8}")
+    ours, base, floor = summaries["eventspark"], summaries["baseline"], summaries["base+enrich"]
+    ratio = statistics.median(r for r, _ in ratios)
+    print(f"eventspark/baseline req/s, per round: {', '.join(f'{r:.2f}' for r, _ in ratios)}; median {ratio:.3f}")
+    cpu = statistics.median(c for _, c in ratios)
+    print(
+        f"baseline/eventspark CPU per request, per round: {', '.join(f'{c:.2f}' for _, c in ratios)}; median {cpu:.3f}"
+    )
     print(f"base+enrich/baseline (the floor set by ContextEnrichment): req/s {floor.rps / base.rps:.3f}")
+    print(f"load average after the run: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     checks = {
         f"req/s ratio {ratio:.3f} >= {TARGET_RATIO}": ratio >= TARGET_RATIO,
         f"p99 {ours.p99_ms:.2f} ms < {TARGET_P99_MS} ms": ours.p99_ms < TARGET_P99_MS,
-        f"RSS {rss:.1f} MB < {TARGET_RSS_MB} MB": rss < TARGET_RSS_MB,
+        f"RSS {ours.rss_mb:.1f} MB < {TARGET_RSS_MB} MB": ours.rss_mb < TARGET_RSS_MB,
         f"errors {ours.errors} == 0": ours.errors == 0,
     }
     for text, ok in checks.items():
@@ -355,20 +413,142 @@ def report(results: dict[str, tuple[Result, float]]) -> int:
     return 0 if all(checks.values()) else 1
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--duration", type=int, default=10, help="seconds per measured round")
-    parser.add_argument("--connections", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    wrk = ensure_wrk()
-    body = web_event()
-    print(f"load generator: {wrk or 'built-in asyncio'}; body {len(body)} bytes; {args.connections} connections")
+# --- in-process -----------------------------------------------------------------------------------
+
+
+class FakeTransport:
+    """What uvicorn's protocol needs of a transport; completes `done` on the response body."""
+
+    def __init__(self) -> None:
+        self.done: asyncio.Future[None] | None = None
+        self.writes = 0
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8001)}.get(name, default)
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        if self.writes % 2 == 0 and self.done is not None:  # uvicorn writes the head, then the body
+            self.done.set_result(None)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def _cpu_per_request(app: Any, request: bytes, count: int) -> float:
+    """CPU µs per request of `count` requests through uvicorn's HTTP protocol around `app`."""
+    from email.utils import formatdate
+
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    from uvicorn.server import ServerState
+
+    from eventspark.collector.server import uvicorn_config
+    from eventspark.config.models import Config
+
+    config = uvicorn_config(app, Config.model_validate({}))
+    config.load()
+    state = ServerState()
+    state.default_headers = [(b"date", formatdate(usegmt=True).encode()), *config.encoded_headers]
+    protocol = HttpToolsProtocol(config=config, server_state=state, app_state={})
+    transport = FakeTransport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    started = time.process_time()
+    for _ in range(count):
+        transport.done = loop.create_future()
+        protocol.data_received(request)
+        await transport.done
+    return (time.process_time() - started) / count * 1e6
+
+
+def in_process(args: argparse.Namespace) -> int:
+    """Alternating rounds of each app under uvicorn's protocol; medians of CPU µs per request."""
+    import uvloop
+
+    from eventspark.collector.app import CollectorApp
+    from eventspark.config.models import Config
+
+    request = raw_request(web_event())
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         work = Path(tmp)
-        results = measure(wrk, body, args, work)
+        eventspark = CollectorApp(Config.model_validate(eventspark_config(work, 8001)))  # never bound
+        eventspark.open()
+        apps = {
+            "baseline": Baseline(work / "plain.log", enrich=False),
+            "base+enrich": Baseline(work / "enrich.log", enrich=True),
+            "eventspark": eventspark,
+        }
+        times: dict[str, list[float]] = {name: [] for name in apps}
+
+        async def rounds() -> None:
+            for app in apps.values():
+                await _cpu_per_request(app, request, 2000)  # warm-up
+            for _ in range(args.rounds):
+                for name, app in apps.items():
+                    times[name].append(await _cpu_per_request(app, request, 20000))
+            if args.profile:
+                await _profile(eventspark, request)
+
+        uvloop.run(rounds())
+        eventspark.close()
+    base = statistics.median(times["baseline"])
+    for name, values in times.items():
+        us = statistics.median(values)
+        print(f"{name:<12}{us:8.1f} CPU us/request   baseline/{name} {base / us:.3f}")
+    return 0
+
+
+async def _profile(app: Any, request: bytes) -> None:
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    await _cpu_per_request(app, request, 20000)
+    profile.disable()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--duration", type=int, default=5, help="seconds per measured round")
+    parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--no-pin", dest="pin", action="store_false", help="let the scheduler place servers and wrk")
+    parser.add_argument("--in-process", action="store_true", help="CPU per request without sockets (see above)")
+    parser.add_argument("--profile", action="store_true", help="with --in-process: cProfile of eventspark")
+    parser.add_argument("--serve-baseline", nargs=3, metavar=("LOG", "PORT", "MODE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_baseline:
+        log, port, mode = args.serve_baseline
+        serve_baseline(log, int(port), mode)
+        return 0
+    if args.in_process:
+        return in_process(args)
+    args.pin = args.pin and hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
+    wrk = ensure_wrk()
+    body = web_event()
+    pin = f"servers on CPU {SERVER_CPU}, load on CPU {LOAD_CPU}" if args.pin else "not pinned"
+    print(f"load generator: {wrk or 'built-in asyncio'}; body {len(body)} bytes; {args.connections} connections")
+    print(f"{args.rounds} alternating rounds of {args.duration} s per server; {pin}")
+    print(f"load average before the run: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        work = Path(tmp)
+        summaries, ratios = measure(wrk, body, args, work)
         check_logs(work)
-    return report(results)
+    return report(summaries, ratios)
 
 
 if __name__ == "__main__":

@@ -186,3 +186,30 @@ def test_unexpected_errors_are_500_json(tmp_path: Path, monkeypatch: pytest.Monk
     response = run(app, scenario)
     assert response.status_code == 500
     assert response.json() == {"message": "Internal server error", "error": "ZeroDivisionError"}
+
+
+def test_origin_echo_follows_each_tokens_rules_past_the_answer_cache(tmp_path: Path) -> None:
+    # 200 answers echoing an Origin are cached by origin; the cache must never let one token's
+    # allowed origin through for another token, nor grow without bound.
+    from eventspark.collector import routes
+
+    keys = [
+        {"id": "open", "client_secret": "js-open", "server_secret": "s-open"},
+        {"id": "shop", "client_secret": "js-shop", "server_secret": "s-shop", "origins": ["*.shop.io"]},
+    ]
+    origins = [f"https://site{n}.shop.io" for n in range(routes.MAX_CACHED_ORIGINS + 5)]
+
+    async def scenario(client: httpx.AsyncClient) -> list[tuple[str, str | None, str | None]]:
+        seen = []
+        for origin in [*origins, "https://evil.io", origins[0]]:
+            for secret in ("js-open", "js-shop"):
+                response = await client.post(f"/api/v1/event?token={secret}", content=b"{}", headers={"Origin": origin})
+                assert response.status_code == 200
+                seen.append((secret, origin, response.headers.get("access-control-allow-origin")))
+        return seen
+
+    seen = run(make_app(tmp_path, api_keys=keys), scenario)
+    assert len(routes._OK_BY_ORIGIN) <= routes.MAX_CACHED_ORIGINS
+    for secret, origin, echoed in seen:
+        allowed = secret == "js-open" or origin.endswith(".shop.io")
+        assert echoed == (origin if allowed else None), (secret, origin)

@@ -182,7 +182,8 @@ class BatchHeader:
     """The columns seen in a batch for one table, each with its promoted type.
 
     Change ``fields`` by hand only by adding fields or promoting types, as ``add_row`` and
-    ``merge`` do: ``add_row`` remembers which fields are STRING while their number stays the same.
+    ``merge`` do: ``add_row`` remembers which fields are not STRING until their number changes,
+    so a field deleted and another added, or a STRING field made narrower, would go unseen.
     """
 
     table_name: str
