@@ -46,7 +46,9 @@ destinations:
     clickhouse:
       dsns: ["http://default:@localhost:8123/analytics"]
       db: analytics
-      engine: {partition_fields: [{function: toYYYYMM, field: _timestamp}], order_fields: [{field: eventn_ctx_event_id}]}
+      engine:
+        partition_fields: [{function: toYYYYMM, field: _timestamp}]
+        order_fields: [{field: eventn_ctx_event_id}]
 coordination: {redis: {host: localhost, port: 6379}}
 """
 
@@ -184,7 +186,10 @@ def test_bad_mapping_is_a_config_error(tmp_path: Path) -> None:
 
 def test_unquoted_type_in_yaml_flow_mapping_is_explained(tmp_path: Path) -> None:
     # In a YAML flow mapping the comma of numeric(12,2) ends the value: the error says so.
-    text = "destinations: {d: {type: duckdb, data_layout: {mappings: {fields: [{src: /a, action: cast, type: numeric(12,2)}]}}}}\n"
+    text = (
+        "destinations: {d: {type: duckdb, data_layout: "
+        "{mappings: {fields: [{src: /a, action: cast, type: numeric(12,2)}]}}}}\n"
+    )
     with pytest.raises(ConfigError, match=r"quote it"):
         load_config(write(tmp_path, text), env={})
 
