@@ -9,7 +9,11 @@
 4. dlt: `dlt[postgres]` loading the same events (parsed JSON) into the same Postgres; it runs in a
    subprocess of `--dlt-python` (default: this interpreter) so that dlt may live in its own venv;
 5. rotate-to-visible latency of a 10-event batch with the warm session;
-6. scaling: the pipeline again on 4×N events (skip with --no-scaling).
+6. scaling: the pipeline again on 4×N events (skip with --no-scaling);
+7. executor path: CPU time per event of one Spark task's body (`process_splits`: read, step chain,
+   value checks, binary COPY into a stage table) in this process, without Spark, on the first
+   `--executor-events` events. CPU time, unlike the rates above, hardly moves when other work
+   shares the machine.
 
 Prints events/s and the ratios (targets: pipeline ≥ 0.5× floor, ≥ 3× dlt, latency ≤ 3 s).
 """
@@ -34,11 +38,15 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from eventspark.batch.partition import process_splits
+from eventspark.batch.plan import JobPlan, token_routes
 from eventspark.batch.process import run_pass
 from eventspark.batch.session import get_session
+from eventspark.batch.splits import Split
 from eventspark.config import LoadedConfig
 from eventspark.config.loading import validate_config
 from eventspark.coordination import MemoryCoordination
+from eventspark.destinations.postgres.adapter import PostgresAdapter
 from eventspark.logs.incoming import live_log_name, rotate_incoming_logs, rotated_log_name
 from eventspark.steps.flatten import flatten
 from eventspark.steps.typing import DataType, infer_type
@@ -257,6 +265,30 @@ def run_latency(work: Path, master: str, session: Any) -> float:
     return elapsed
 
 
+def run_executor(work: Path, files: list[Path], n: int) -> float:
+    """CPU seconds per event of `process_splits` over the first `n` events (one task, real stage)."""
+    schema = "bench_executor"
+    drop_schema(schema)
+    loaded = bench_config(work / "executor", schema, "local[1]")
+    dest = loaded.config.destinations["pg"]
+    adapter = PostgresAdapter("pg", dest)
+    path = work / "executor.log"
+    with path.open("wb") as out, files[0].open("rb") as lines:
+        for _ in range(n):
+            out.write(next(lines))
+    plan = JobPlan("bench", str(work / "executor"), {"pg": dest}, {}, {}, (), {path.name: "bench"}, {path.name: 0})
+    routes = token_routes(loaded.config.api_keys, plan.destinations)
+    plan.secret_tokens, plan.token_destinations, plan.default_destinations = routes
+    plan.stages = {"pg": adapter.stage_target("bench0000000000")}
+    try:
+        started = time.process_time()
+        process_splits(plan, 0, [Split(str(path), 0, path.stat().st_size)])
+        return (time.process_time() - started) / n
+    finally:
+        adapter.close()
+        drop_schema(schema)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -270,6 +302,9 @@ def main() -> None:
         type=int,
         default=None,
         help="give dlt only the first logs holding this many events (rate compared)",
+    )
+    parser.add_argument(
+        "--executor-events", type=int, default=50_000, help="events of the executor-path measure (0: skip it)"
     )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--verbose", "-v", action="store_true", help="log the phases of each pass")
@@ -310,6 +345,11 @@ def report(args: argparse.Namespace, work: Path, n: int) -> None:
     floor = copied / floor_time
     print(f"COPY floor:      {floor:>10,.0f} events/s  ({floor_time:.1f} s of COPY)")
     print(f"  ratio pipeline / floor: {rate / floor:.2f}  (target ≥ 0.5)")
+    executor_n = min(args.executor_events, n, EVENTS_PER_FILE)
+    if executor_n > 0:
+        cpu = run_executor(work, files, executor_n)
+        print(f"executor path:   {cpu * 1e6:>10.1f} µs CPU/event  ({1 / cpu:,.0f} events/s per core, one process)")
+        print(f"  ratio executor core / floor: {1 / cpu / floor:.2f}")
     if not args.no_dlt:
         dlt_files, dlt_n = files, n
         if args.dlt_events is not None and args.dlt_events < n:

@@ -22,14 +22,13 @@ import argparse
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from common import bench_config, free_port, generate_logs, stage_as_rotated
 from eventspark.batch.chunks import ChunkBuffer
 from eventspark.batch.process import run_pass
 from eventspark.batch.session import get_session
@@ -45,35 +45,15 @@ from eventspark.config.loading import validate_config
 from eventspark.coordination import MemoryCoordination
 from eventspark.destinations import build_destination
 from eventspark.destinations.base import DestinationAdapter, Load
-from eventspark.destinations.clickhouse.tsv import escape
-from eventspark.logs.incoming import rotated_log_name
+from eventspark.destinations.tsv import escape
 from eventspark.steps.diff import diff, table_from_header
 from eventspark.steps.flatten import flatten
 from eventspark.steps.typing import DataType, coerce
-from generate import generate_events
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = 50_000
-EVENTS_PER_FILE = 250_000
 WARMUP_EVENTS = 20_000
 MYSQL = {"host": "127.0.0.1", "port": 3306, "username": "root"}
-
-
-def generate_logs(folder: Path, n: int, seed: int) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-    out = None
-    for i, event in enumerate(generate_events(n, seed=seed)):
-        if i % EVENTS_PER_FILE == 0:
-            if out is not None:
-                out.close()
-            paths.append(folder / f"part-{len(paths):04d}.log")
-            out = paths[-1].open("wb")
-        assert out is not None
-        out.write(orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE))
-    if out is not None:
-        out.close()
-    return paths
 
 
 class Warehouse:
@@ -88,7 +68,7 @@ class Warehouse:
 
     def start(self) -> None:
         if self.kind == "clickhouse":
-            self.http_port, self.tcp_port = _free_port(), _free_port()
+            self.http_port, self.tcp_port = free_port(), free_port()
             script = ROOT / "scripts" / "clickhouse.sh"
             subprocess.run(
                 [str(script), "start", str(self.ch_dir), str(self.http_port), str(self.tcp_port)], check=True
@@ -107,13 +87,7 @@ class Warehouse:
 
     def config(self, root: Path, master: str, table: str) -> LoadedConfig:
         dest = {**self.destination(), "data_layout": {"table_name_template": table}}
-        raw = {
-            "api_keys": [{"id": "bench", "client_secret": "bench-token", "server_secret": "bench-s2s"}],
-            "log": {"path": str(root / "events")},
-            "destinations": {"wh": dest},
-            "spark": {"master": master},
-        }
-        return LoadedConfig(config=validate_config(raw))
+        return bench_config(root, master, {"wh": dest})
 
     def ch(self, sql: str, data: bytes | None = None) -> bytes:
         from eventspark.destinations.clickhouse.http import Client, parse_dsn
@@ -147,22 +121,12 @@ class Warehouse:
             self.mysql(f"CREATE TABLE `{self.db}`.`{copy}` LIKE `{self.db}`.`{source}`")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def run_pipeline(
     wh: Warehouse, work: Path, files: list[Path], master: str, session: Any, n: int, table: str = "events"
 ) -> float:
     root = work / f"pipeline-{table}"
     loaded = wh.config(root, master, table)
-    incoming = root / "events" / "incoming"
-    incoming.mkdir(parents=True, exist_ok=True)
-    at = datetime(2026, 11, 1, tzinfo=UTC)
-    for i, path in enumerate(files):
-        os.link(path, incoming / rotated_log_name("bench", at + timedelta(seconds=i)))
+    stage_as_rotated(files, root / "events" / "incoming")
     started = time.perf_counter()
     result = run_pass(loaded, MemoryCoordination("bench"), session=session)
     elapsed = time.perf_counter() - started

@@ -1,30 +1,25 @@
 """Collector throughput: eventspark against a minimal baseline app, same server, same load, same run.
 
-    .venv/bin/python bench/ingest.py [--rounds 6] [--duration 5] [--connections 50] [--no-pin]
-    .venv/bin/python bench/ingest.py --in-process [--profile]
+    .venv/bin/python bench/ingest.py [--rounds 6] [--duration 5] [--connections 50] [--pin]
+    .venv/bin/python bench/ingest.py --in-process [--rounds 6] [--profile]
 
-Starts `eventspark serve` on a temporary config (one token, one batch destination; the batch
-uploader's period is set beyond the run, so no Spark pass competes for the CPU) and a baseline
-ASGI app under the same uvicorn settings (`eventspark.collector.server.uvicorn_config`: uvloop,
-httptools, no access log) that parses the body with orjson and appends it as a line with
-`os.write`; re-serialising is the least a collector must do, since a body may contain newlines.
-A third server, `base+enrich`, is the baseline plus `enrich_context`: the floor that the
-mandatory ContextEnrichment step sets. All get the same POST of a 40-leaf web event, with a
-browser's User-Agent and Origin, at `--connections` connections from wrk (installed with apt-get
-when missing), or from a built-in asyncio load generator when wrk cannot be had.
+Starts `eventspark serve` (one token, one batch destination; the uploader's period is set beyond
+the run, so no Spark pass takes the CPU) and a baseline app under the same uvicorn settings
+(`eventspark.collector.server.uvicorn_config`) that parses the body with orjson and appends it,
+re-serialised (the least a collector must do: a body may contain newlines), with `os.write`.
+`base+enrich` is the baseline plus `enrich_context`, the step every accepted event needs. All get
+the same POST of a 40-leaf web event with a browser's User-Agent and Origin at `--connections`
+connections from wrk (installed with apt-get when missing; else a built-in asyncio generator).
 
-Made for a shared, noisy machine: rounds are short and alternate between the servers, in
-reverse order every other round, so a burst of load from elsewhere hits the rounds next to each
-other alike; the ratio is computed per round (eventspark over the baseline's round next to it)
-and the median over the rounds is reported, with the medians of req/s, latency and server CPU
-time per request. With two CPUs or more, every server runs on CPU 0 and wrk on CPU 1 (`--no-pin`
-lets the scheduler place them): the load generator then never takes CPU from the server it loads.
+For a shared, noisy machine: short rounds alternate between the servers (reversed every other
+round, eventspark always next to the baseline), each round gives eventspark/baseline in req/s
+and in server CPU time per request, and the medians over the rounds are reported. `--pin` runs
+the servers on CPU 0 and wrk on CPU 1.
 
 `--in-process` needs no sockets: each app runs under uvicorn's own HTTP protocol object with a
-fake transport, fed the same request bytes in a loop, so the CPU per request of everything in
-Python (uvicorn, the app, `os.write`) is measured without the kernel's TCP work or wrk; the
-least noisy comparison on a busy machine. `--profile` adds cProfile's busiest functions of
-eventspark in that loop.
+fake transport, fed the same request bytes in a loop: the CPU per request of everything in Python
+(uvicorn, the app, `os.write`) without the kernel's TCP work or wrk. `--profile` adds cProfile's
+busiest functions of eventspark in that loop.
 
 Exits non-zero when a target (median req/s ratio >= 0.9, p99 < 10 ms, RSS < 150 MB, no errors)
 is missed.
@@ -69,34 +64,21 @@ ROUND_ORDER = ("baseline", "eventspark", "base+enrich")
 def web_event() -> bytes:
     """A JS SDK page view with 40 leaves, as a browser sends it."""
     event = {
-        "event_id": "l2k4j5h6g7f8",
-        "event_type": "pageview",
-        "src": "jitsu",
-        "api_key": TOKEN,
+        "event_id": "l2k4j5h6g7f8", "event_type": "pageview", "src": "jitsu", "api_key": TOKEN,
         "user": {"anonymous_id": "a8c2e7f1b3", "id": "u-1029", "email": "ann@example.com"},
         "ids": {"ga": "GA1.1.1.2", "fbp": "fb.1.1.2"},
-        "user_agent": USER_AGENT,
-        "utc_time": "2024-05-01T12:00:00.000000Z",
-        "local_tz_offset": -120,
-        "referer": "https://google.com/",
-        "url": "https://shop.example.com/p/42?utm_source=news",
-        "page_title": "Product 42",
-        "doc_path": "/p/42",
-        "doc_host": "shop.example.com",
-        "doc_search": "?utm_source=news",
-        "screen_resolution": "1920x1080",
-        "vp_size": "1280x720",
-        "user_language": "en-US",
-        "doc_encoding": "UTF-8",
+        "user_agent": USER_AGENT, "utc_time": "2024-05-01T12:00:00.000000Z", "local_tz_offset": -120,
+        "referer": "https://google.com/", "url": "https://shop.example.com/p/42?utm_source=news",
+        "page_title": "Product 42", "doc_path": "/p/42", "doc_host": "shop.example.com",
+        "doc_search": "?utm_source=news", "screen_resolution": "1920x1080", "vp_size": "1280x720",
+        "user_language": "en-US", "doc_encoding": "UTF-8",
         "utm": {"source": "news", "medium": "email", "campaign": "may", "term": "", "content": "a"},
         "click_id": {"gclid": "x1"},
         "event_data": {
             "product": {"id": 42, "name": "Shoe", "price": 59.9, "currency": "EUR", "tags": ["red", "new"]},
-            "cart": {"items": 2, "total": 119.8},
-            "consent": True,
-            "experiment": "b",
+            "cart": {"items": 2, "total": 119.8}, "consent": True, "experiment": "b",
         },
-    }
+    }  # fmt: skip
     return orjson.dumps(event)
 
 
@@ -238,6 +220,7 @@ class Result:
     requests: int
     cpu_us: float = 0.0
     """Server CPU time (user + system) per request."""
+    rss_mb: float = 0.0
 
 
 def ensure_wrk() -> str | None:
@@ -334,21 +317,9 @@ def load(wrk: str | None, port: int, body: bytes, args: argparse.Namespace, dura
 # --- over the network -----------------------------------------------------------------------------
 
 
-@dataclass
-class Summary:
-    """Medians over the rounds of one server."""
-
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    cpu_us: float
-    errors: int
-    rss_mb: float
-
-
 def measure(
     wrk: str | None, body: bytes, args: argparse.Namespace, work: Path
-) -> tuple[dict[str, Summary], list[tuple[float, float]]]:
+) -> tuple[dict[str, Result], list[tuple[float, float]]]:
     """Alternating rounds; per server the medians; per round eventspark/baseline in req/s and in CPU."""
     ports = {name: free_port() for name in SERVERS}
     cpu = SERVER_CPU if args.pin else None
@@ -374,12 +345,15 @@ def measure(
     return summaries, ratios
 
 
-def _summary(results: list[Result], rss: float) -> Summary:
+def _summary(results: list[Result], rss: float) -> Result:
+    """Medians over the rounds of one server; errors and requests summed."""
+
     def median(field: str) -> float:
         return statistics.median(getattr(r, field) for r in results)
 
-    errors = sum(r.errors for r in results)
-    return Summary(median("rps"), median("p50_ms"), median("p99_ms"), median("cpu_us"), errors, rss)
+    summary = Result(median("rps"), median("p50_ms"), median("p99_ms"), 0, 0, median("cpu_us"), rss)
+    summary.errors, summary.requests = sum(r.errors for r in results), sum(r.requests for r in results)
+    return summary
 
 
 def check_logs(work: Path) -> None:
@@ -389,7 +363,7 @@ def check_logs(work: Path) -> None:
     print(f"eventspark wrote {lines} events to {len(rotated)} rotated log(s)")
 
 
-def report(summaries: dict[str, Summary], ratios: list[tuple[float, float]]) -> int:
+def report(summaries: dict[str, Result], ratios: list[tuple[float, float]]) -> int:
     print(f"{'server':<12}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'CPU us/req':>12}{'RSS MB':>9}{'errors':>8}")
     for name, s in summaries.items():
         print(f"{name:<12}{s.rps:>9.0f}{s.p50_ms:>9.2f}{s.p99_ms:>9.2f}{s.cpu_us:>12.1f}{s.rss_mb:>9.1f}{s.errors:>8}")
@@ -434,14 +408,8 @@ class FakeTransport:
     def is_closing(self) -> bool:
         return False
 
-    def close(self) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args: None  # close, pause_reading, resume_reading: nothing to do here
 
 
 async def _cpu_per_request(app: Any, request: bytes, count: int) -> float:
@@ -471,7 +439,7 @@ async def _cpu_per_request(app: Any, request: bytes, count: int) -> float:
 
 
 def in_process(args: argparse.Namespace) -> int:
-    """Alternating rounds of each app under uvicorn's protocol; medians of CPU µs per request."""
+    """Rounds of each app in turn under uvicorn's protocol; medians of CPU µs per request and of ratios."""
     import uvloop
 
     from eventspark.collector.app import CollectorApp
@@ -488,6 +456,7 @@ def in_process(args: argparse.Namespace) -> int:
             "eventspark": eventspark,
         }
         times: dict[str, list[float]] = {name: [] for name in apps}
+        profiled: list[Any] = []
 
         async def rounds() -> None:
             for app in apps.values():
@@ -496,18 +465,19 @@ def in_process(args: argparse.Namespace) -> int:
                 for name, app in apps.items():
                     times[name].append(await _cpu_per_request(app, request, 20000))
             if args.profile:
-                await _profile(eventspark, request)
+                profiled.append(await _profile(eventspark, request))
 
         uvloop.run(rounds())
         eventspark.close()
-    base = statistics.median(times["baseline"])
     for name, values in times.items():
-        us = statistics.median(values)
-        print(f"{name:<12}{us:8.1f} CPU us/request   baseline/{name} {base / us:.3f}")
+        ratio = statistics.median(base / us for base, us in zip(times["baseline"], values, strict=True))
+        print(f"{name:<12}{statistics.median(values):8.1f} CPU us/request (median)   baseline/{name} {ratio:.3f}")
+    for stats in profiled:
+        stats.sort_stats("tottime").print_stats(25)
     return 0
 
 
-async def _profile(app: Any, request: bytes) -> None:
+async def _profile(app: Any, request: bytes) -> Any:
     import cProfile
     import pstats
 
@@ -515,7 +485,7 @@ async def _profile(app: Any, request: bytes) -> None:
     profile.enable()
     await _cpu_per_request(app, request, 20000)
     profile.disable()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    return pstats.Stats(profile)
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -526,7 +496,7 @@ def main() -> int:
     parser.add_argument("--duration", type=int, default=5, help="seconds per measured round")
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--no-pin", dest="pin", action="store_false", help="let the scheduler place servers and wrk")
+    parser.add_argument("--pin", action="store_true", help=f"servers on CPU {SERVER_CPU}, wrk on CPU {LOAD_CPU}")
     parser.add_argument("--in-process", action="store_true", help="CPU per request without sockets (see above)")
     parser.add_argument("--profile", action="store_true", help="with --in-process: cProfile of eventspark")
     parser.add_argument("--serve-baseline", nargs=3, metavar=("LOG", "PORT", "MODE"), help=argparse.SUPPRESS)

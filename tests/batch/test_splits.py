@@ -35,11 +35,27 @@ def test_splits_cover_the_logs_in_order(tmp_path: Path) -> None:
         logs[-1].write_bytes(b"x" * size)
     splits = plan_splits(logs, parallelism=2, max_bytes=8)
     assert [(Path(s.path).name, s.start, s.end) for s in splits] == [
-        ("a", 0, 8),
-        ("a", 8, 10),
-        ("b", 0, 8),
-        ("b", 8, 16),
-        ("b", 16, 24),
-        ("b", 24, 25),
+        ("a", 0, 5),
+        ("a", 5, 10),
+        ("b", 0, 7),
+        ("b", 7, 14),
+        ("b", 14, 21),
+        ("b", 21, 25),
     ]
     assert [s.name for s in plan_splits(logs, parallelism=2)] == ["a", "b"]  # small logs: one split each
+
+
+def test_splits_are_even_and_bounded(tmp_path: Path) -> None:
+    logs = []
+    for name, size in (("a", 283), ("b", 57)):
+        logs.append(tmp_path / name)
+        logs[-1].write_bytes(b"x" * size)
+    splits = plan_splits(logs, parallelism=2, max_bytes=64)
+    sizes = {name: [s.end - s.start for s in splits if s.name == name] for name in ("a", "b")}
+    assert sum(sizes["a"]) == 283 and sum(sizes["b"]) == 57
+    assert all(max(v) - min(v) < len(v) and max(v) <= 64 for v in sizes.values())
+    # Two cores taking the splits in order finish within one small split of each other.
+    loads = [0, 0]
+    for s in splits:
+        loads[loads.index(min(loads))] += s.end - s.start
+    assert abs(loads[0] - loads[1]) <= min(s.end - s.start for s in splits)

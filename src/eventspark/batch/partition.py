@@ -7,6 +7,7 @@ failed events. Events never leave the executor except into the warehouse's stage
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,6 +29,7 @@ failed-event spool, None), ("chunk", None, destination, table, 0, 0, 0, None, ch
 ("error", None, destination, table, 0, 0, 0, None, why staging failed)."""
 NO_TABLE = ""
 """The table of events that never got one: template failures, skips, unreadable lines."""
+_UNKNOWN: Any = object()
 
 # One GeoIP reader and UA parser per Python worker: Spark reuses workers across tasks and jobs.
 _resolvers: dict[str | None, tuple[GeoResolver | None, UserAgentParser]] = {}
@@ -42,6 +44,11 @@ def _lookups(geo_path: str | None) -> tuple[GeoResolver | None, UserAgentParser]
 
 def process_splits(plan: JobPlan, task_id: int, splits: Iterable[Split]) -> list[tuple[Any, ...]]:
     """The body of a Spark task: reads its splits, runs every line, returns the summary rows."""
+    # Parsed events and buffered rows hold no reference cycles, so reference counting frees them;
+    # the cycle collector would only walk the growing buffers again and again. It is back on, as
+    # it was, when the task ends.
+    collecting = gc.isenabled()
+    gc.disable()
     task = PartitionTask(plan, task_id)
     try:
         for split in splits:
@@ -51,6 +58,8 @@ def process_splits(plan: JobPlan, task_id: int, splits: Iterable[Split]) -> list
         return task.finish()
     finally:
         task.close()
+        if collecting:
+            gc.enable()
 
 
 class PartitionTask:
@@ -67,6 +76,9 @@ class PartitionTask:
         self.chunks: list[tuple[str, str, bytes]] = []
         self.errors: dict[tuple[str, str], str] = {}
         self.line_number = 0
+        # Per (log, destination, table): its buffer and counts, or None when already uploaded.
+        self.targets: dict[tuple[str, str, str], tuple[ChunkBuffer, list[int]] | None] = {}
+        self.seq_bases: dict[str, int] = {}
 
     def chain(self, dest_id: str) -> DestinationChain:
         chain = self.chains.get(dest_id)
@@ -104,25 +116,36 @@ class PartitionTask:
         if result is None:
             self.count(file, dest_id, NO_TABLE)[2] += 1
             return
-        if isinstance(result, Failure):
+        if type(result) is Failure:
             self.fail(file, dest_id, NO_TABLE, line, result.error)
             return
         table = result.table
-        if table in self.plan.done.get((file, dest_id), ()):
+        key = (file, dest_id, table)
+        target = self.targets.get(key, _UNKNOWN)
+        if target is _UNKNOWN:
+            target = self.targets[key] = self.target(file, dest_id, table)
+        if target is None:
             return
-        buffer = self.buffer(dest_id, table)
+        buffer, counts = target
         error = buffer.add(result.values, result.casts, self.seq(file))
         if error is not None:
             self.fail(file, dest_id, table, line, error)
             return
-        self.count(file, dest_id, table)[0] += 1
-        if len(buffer) >= self.plan.chunk_rows:
+        counts[0] += 1
+        if len(buffer.rows) >= self.plan.chunk_rows:
             self.flush(dest_id, buffer)
+
+    def target(self, file: str, dest_id: str, table: str) -> tuple[ChunkBuffer, list[int]] | None:
+        if table in self.plan.done.get((file, dest_id), ()):
+            return None
+        return self.buffer(dest_id, table), self.count(file, dest_id, table)
 
     def seq(self, file: str) -> int:
         # Later logs first by rank, then task, then line: the last event of a key wins an upsert.
-        rank = self.plan.file_ranks.get(file, 0)
-        return (rank << 44) | (self.partition_id << 28) | self.line_number
+        base = self.seq_bases.get(file)
+        if base is None:
+            base = self.seq_bases[file] = (self.plan.file_ranks.get(file, 0) << 44) | (self.partition_id << 28)
+        return base | self.line_number
 
     def buffer(self, dest_id: str, table: str) -> ChunkBuffer:
         key = (dest_id, table)

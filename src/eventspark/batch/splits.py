@@ -31,17 +31,23 @@ class Split:
 
 
 def plan_splits(logs: list[Path], parallelism: int, max_bytes: int = MAX_SPLIT_BYTES) -> list[Split]:
-    """Cuts the logs into about two splits per core, each between 4 and `max_bytes` bytes.
+    """Cuts the logs into splits of about the same size, at most `max_bytes` and (unless a log is
+    smaller) at least 4 MB: at least two per core, as many as makes whole waves of tasks, so that
+    no core is left with a long last task while the others wait.
 
     Splits come in the order of `logs`, then of offsets: task ids follow the order of the events.
     """
     sizes = [p.stat().st_size for p in logs]
-    target = sum(sizes) // max(1, 2 * parallelism)
-    size = max(min(target, max_bytes), min(MIN_SPLIT_BYTES, max_bytes))
+    cores = max(1, parallelism)
+    count = max(2 * cores, -(-sum(sizes) // max_bytes))
+    count = -(-count // cores) * cores
+    size = max(-(-sum(sizes) // count), min(MIN_SPLIT_BYTES, max_bytes))
     splits = []
     for path, total in zip(logs, sizes, strict=True):
-        for start in range(0, total, size):
-            splits.append(Split(str(path), start, min(start + size, total)))
+        # Equal pieces of each log rather than full ones and a small remainder.
+        step = max(1, -(-total // max(1, -(-total // size))))
+        for start in range(0, total, step):
+            splits.append(Split(str(path), start, min(start + step, total)))
     return splits
 
 

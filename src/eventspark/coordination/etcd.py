@@ -9,7 +9,6 @@ comparing its create_revision with 0) and attached to a lease kept alive while h
 from __future__ import annotations
 
 import base64
-import logging
 import math
 import threading
 from collections.abc import Iterator
@@ -29,9 +28,7 @@ from eventspark.coordination.base import (
     holder_of,
     holder_value,
 )
-from eventspark.coordination.leases import LeaseRenewer, wait_for_lock
-
-logger = logging.getLogger(__name__)
+from eventspark.coordination.leases import LeaseRenewer, releasing, wait_for_lock
 
 REQUEST_TIMEOUT_SECONDS = 5.0
 DEFAULT_PORT = 2379
@@ -71,13 +68,11 @@ class EtcdCoordination:
             lease = self._client.lease(self._lease_ttl)
         value = holder_value(self.node_name, format(lease.id, "x")).encode()
         # Kept alive from the start, so that a long wait does not let the lease expire before use.
-        renewer = LeaseRenewer(lambda: self._keepalive(lease), self._lease_ttl / 3, f"lock {name!r}")
-        renewer.start()
         try:
-            wait_for_lock(name, timeout, lambda: self._try_lock(key, value, lease))
-            yield
+            with LeaseRenewer(lambda: self._keepalive(lease), self._lease_ttl / 3, f"lock {name!r}"):
+                wait_for_lock(name, timeout, lambda: self._try_lock(key, value, lease))
+                yield
         finally:
-            renewer.stop()
             self._revoke(lease, f"lock {name!r}")
 
     def _try_lock(self, key: bytes, value: bytes, lease: etcd3gw.Lease) -> tuple[bool, str | None]:
@@ -99,12 +94,8 @@ class EtcdCoordination:
             return lease.refresh() > 0
 
     def _revoke(self, lease: etcd3gw.Lease, what: str) -> None:
-        try:
-            with self._translated("revoking a lease"):
-                lease.revoke()
-        except CoordinationError as exc:
-            # The lease expires on its own; failing the caller's finished work would be worse.
-            logger.warning("could not release the lease of %s, it will expire: %s", what, exc)
+        with releasing(f"the lease of {what}"), self._translated("revoking a lease"):
+            lease.revoke()
 
     def table_version(self, name: str) -> int:
         with self._translated("reading a table version"):

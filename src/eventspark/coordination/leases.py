@@ -1,4 +1,4 @@
-"""Machinery shared by the networked backends: waiting for a lock and renewing its lease."""
+"""Machinery shared by the networked backends: waiting for a lock, renewing its lease, releasing it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from eventspark.coordination.base import CoordinationError, LockTimeout
 
@@ -37,8 +38,21 @@ def wait_for_lock(name: str, timeout: float, attempt: Callable[[], tuple[bool, s
         delay = min(delay * 2, MAX_POLL_DELAY)
 
 
+@contextmanager
+def releasing(what: str) -> Iterator[None]:
+    """Around the release of `what` (a lock, a lease): a `CoordinationError` is logged, not raised.
+
+    The lease expires on its own; failing the caller's finished work would be worse.
+    """
+    try:
+        yield
+    except CoordinationError as exc:
+        logger.warning("could not release %s, it will expire: %s", what, exc)
+
+
 class LeaseRenewer:
-    """Calls `renew` every `interval` seconds in a daemon thread until `stop()`.
+    """Calls `renew` every `interval` seconds in a daemon thread until `stop()` (or, used as a
+    context manager, from entering the `with` block until leaving it).
 
     `renew` returns False when the lease is gone (expired, or taken over): renewal then stops and
     `lost` becomes True. A `CoordinationError` from `renew` is logged and retried at the next tick,
@@ -60,6 +74,13 @@ class LeaseRenewer:
         self._stopped.set()
         if self._thread.is_alive():
             self._thread.join()
+
+    def __enter__(self) -> LeaseRenewer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
     def _run(self) -> None:
         while not self._stopped.wait(self._interval):

@@ -24,7 +24,7 @@ from eventspark.coordination.base import (
     holder_of,
     holder_value,
 )
-from eventspark.coordination.leases import LeaseRenewer, wait_for_lock
+from eventspark.coordination.leases import LeaseRenewer, releasing, wait_for_lock
 
 logger = logging.getLogger(__name__)
 
@@ -83,12 +83,10 @@ class RedisCoordination:
         key = f"{self._prefix}lock:{name}"
         value = holder_value(self.node_name, secrets.token_hex(16))
         wait_for_lock(name, timeout, lambda: self._try_lock(key, value))
-        renewer = LeaseRenewer(lambda: self._renew(key, value), self._lease_ms / 3000, f"lock {name!r}")
-        renewer.start()
         try:
-            yield
+            with LeaseRenewer(lambda: self._renew(key, value), self._lease_ms / 3000, f"lock {name!r}"):
+                yield
         finally:
-            renewer.stop()
             self._release(key, value)
 
     def _try_lock(self, key: str, value: str) -> tuple[bool, str | None]:
@@ -102,12 +100,8 @@ class RedisCoordination:
             return bool(self._renew_script(keys=[key], args=[value, self._lease_ms]))
 
     def _release(self, key: str, value: str) -> None:
-        try:
-            with self._translated("releasing a lock"):
-                self._delete_script(keys=[key], args=[value])
-        except CoordinationError as exc:
-            # The lease expires on its own; failing the caller's finished work would be worse.
-            logger.warning("could not release %s, it will expire: %s", key, exc)
+        with releasing(key), self._translated("releasing a lock"):
+            self._delete_script(keys=[key], args=[value])
 
     def table_version(self, name: str) -> int:
         with self._translated("reading a table version"):

@@ -18,7 +18,6 @@ at-least-once in that window. Stream mode appends rows the same way (no upsert b
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,13 +27,11 @@ from eventspark.destinations.base import (
     LOADS_TABLE,
     STAGE_PREFIX,
     Capabilities,
-    DestinationAdapter,
     DestinationError,
     Load,
     StagedChunk,
     TerminalError,
     TransientError,
-    job_started_at,
 )
 from eventspark.destinations.clickhouse import rows as row_text
 from eventspark.destinations.clickhouse.ddl import (
@@ -48,8 +45,15 @@ from eventspark.destinations.clickhouse.ddl import (
 )
 from eventspark.destinations.clickhouse.dialect import DIALECT
 from eventspark.destinations.clickhouse.http import Client, Endpoint, error_code, parse_dsn
-from eventspark.destinations.clickhouse.load import data_type_of, load_columns, prepare_select
-from eventspark.destinations.clickhouse.tsv import STAGE_ENCODERS, encode_rows
+from eventspark.destinations.clickhouse.load import data_type_of, prepare_select
+from eventspark.destinations.staging import (
+    StagingTableAdapter,
+    is_user_table,
+    load_columns,
+    new_stage_table,
+    tables_from_columns,
+)
+from eventspark.destinations.tsv import STAGE_ENCODERS, encode_rows
 from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
 
@@ -110,7 +114,7 @@ class ClickHouseStageWriter:
         self._client = Client(target.endpoint)
 
     def write(self, columns: Mapping[str, DataType], rows: Sequence[Sequence[Any]]) -> StagedChunk:
-        ref = f"{STAGE_PREFIX}{self._target.job_id}_{uuid.uuid4().hex[:16]}"
+        ref = new_stage_table(self._target.job_id)
         name = f"{quote(self._target.db)}.{quote(ref)}"
         defs = ", ".join(f"{quote(c)} {STAGE_TYPES[t]}" for c, t in columns.items())
         body = encode_rows(rows, [STAGE_ENCODERS[t] for t in columns.values()])
@@ -123,7 +127,7 @@ class ClickHouseStageWriter:
         self._client.close()
 
 
-class ClickHouseAdapter(DestinationAdapter):
+class ClickHouseAdapter(StagingTableAdapter):
     """A ClickHouse database (created when missing), reached through the first DSN that answers."""
 
     dialect = DIALECT
@@ -176,12 +180,6 @@ class ClickHouseAdapter(DestinationAdapter):
 
     # --- tables -------------------------------------------------------------------------------
 
-    def read_tables(self) -> dict[str, Table]:
-        return self._read(None)
-
-    def read_table(self, name: str) -> Table | None:
-        return self._read(name).get(name)
-
     def _read(self, name: str | None) -> dict[str, Table]:
         client = self._connection()
         where = f"database = {literal(self.layout.db)}"
@@ -195,10 +193,7 @@ class ClickHouseAdapter(DestinationAdapter):
             + (f" AND name = {literal(name)}" if name is not None else ""),
             doing="reading tables",
         )
-        tables: dict[str, Table] = {}
-        for table, column, sql_type in columns:
-            if self._is_own(table):
-                tables.setdefault(table, Table(table)).columns[column] = sql_type
+        tables = tables_from_columns(columns, self._is_own)
         for table, sorting_key in keys:
             if table in tables:
                 tables[table].primary_keys = key_columns(sorting_key)
@@ -206,9 +201,7 @@ class ClickHouseAdapter(DestinationAdapter):
 
     def _is_own(self, table: str) -> bool:
         """False for eventspark's stage and marker tables and, with a cluster, Distributed tables."""
-        if table.startswith(STAGE_PREFIX) or table == LOADS_TABLE:
-            return False
-        return not (self.layout.cluster and table.startswith(DIST_PREFIX))
+        return is_user_table(table) and not (self.layout.cluster and table.startswith(DIST_PREFIX))
 
     def patch(self, patch: TablePatch) -> None:
         client = self._connection()
@@ -287,14 +280,7 @@ class ClickHouseAdapter(DestinationAdapter):
         )
         return {(f, t) for f, t in rows}
 
-    def drop_stages(self, job_id: str) -> None:
-        self._drop_stages_where(lambda stage_job: stage_job.startswith(job_id))
-
-    def drop_stale_stages(self, before: float) -> None:
-        self._drop_stages_where(lambda stage_job: (job_started_at(stage_job) or before) < before)
-
     def _drop_stages_where(self, matches: Callable[[str], bool]) -> None:
-        """Drops the staging tables whose name after STAGE_PREFIX (`<job id>_<chunk>...`) matches."""
         client = self._connection()
         rows = client.rows(
             f"SELECT name FROM system.tables WHERE database = {literal(self.layout.db)} "

@@ -42,17 +42,6 @@ def value_expr(column: str, stage: DataType | None, target_sql: str, target: Dat
     return value if nullable else f"ifNull({value}, {default_of(inner)})"
 
 
-def load_columns(load: Load) -> list[str]:
-    """The target columns the chunks fill, in first-seen order (the order column excluded)."""
-    seen: dict[str, None] = {}
-    for chunk in load.chunks:
-        seen.update(dict.fromkeys(c for c in chunk.columns if c != ORDER_COLUMN))
-    missing = [c for c in seen if c not in load.table.columns]
-    if missing:
-        raise ValueError(f"table {load.table.name!r} has no column {missing[0]!r}; patch it before loading")
-    return list(seen)
-
-
 def prepare_select(load: Load, columns: list[str], source: dict[str, str]) -> str:
     """SELECT of every chunk (`source`: chunk ref → qualified name) as the target's types, columns
     named c0, c1...; with a primary key and an order column, only the last row of each key."""

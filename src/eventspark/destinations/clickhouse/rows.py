@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from eventspark.destinations.base import TerminalError
-from eventspark.destinations.clickhouse.tsv import escape
+from eventspark.destinations.tsv import escape
 from eventspark.steps.diff import Table
 from eventspark.steps.typing import DataType, coerce, format_timestamp
 

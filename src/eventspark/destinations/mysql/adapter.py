@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -19,17 +18,21 @@ from eventspark.config.models import MySQLDestination
 from eventspark.destinations.base import (
     LOADS_TABLE,
     STAGE_PREFIX,
-    DestinationAdapter,
     DestinationError,
     Load,
     StagedChunk,
     TerminalError,
     TransientError,
-    job_started_at,
 )
-from eventspark.destinations.clickhouse.tsv import encode_rows
 from eventspark.destinations.mysql import load as sql
 from eventspark.destinations.mysql.dialect import DIALECT
+from eventspark.destinations.staging import (
+    StagingTableAdapter,
+    is_user_table,
+    new_stage_table,
+    tables_from_columns,
+)
+from eventspark.destinations.tsv import encode_rows
 from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
 
@@ -135,7 +138,7 @@ class MySQLStageWriter:
         self._conn: pymysql.connections.Connection[Any] | None = None
 
     def write(self, columns: Mapping[str, DataType], rows: Sequence[Sequence[Any]]) -> StagedChunk:
-        ref = f"{STAGE_PREFIX}{self._target.job_id}_{uuid.uuid4().hex[:16]}"
+        ref = new_stage_table(self._target.job_id)
         name = f"{quote(self._target.db)}.{quote(ref)}"
         defs = ", ".join(f"{quote(c)} {sql.STAGE_TYPES[t]}" for c, t in columns.items())
         try:
@@ -179,7 +182,7 @@ class MySQLStageWriter:
             self._conn = None
 
 
-class MySQLAdapter(DestinationAdapter):
+class MySQLAdapter(StagingTableAdapter):
     """A MySQL database (`datasource.db`, created when missing). One driver connection."""
 
     dialect = DIALECT
@@ -239,12 +242,6 @@ class MySQLAdapter(DestinationAdapter):
 
     # --- tables -------------------------------------------------------------------------------
 
-    def read_tables(self) -> dict[str, Table]:
-        return self._read(None)
-
-    def read_table(self, name: str) -> Table | None:
-        return self._read(name).get(name)
-
     def _read(self, name: str | None) -> dict[str, Table]:
         where = "TABLE_SCHEMA = %s" + (" AND TABLE_NAME = %s" if name is not None else "")
         args = (self.schema, name) if name is not None else (self.schema,)
@@ -261,10 +258,7 @@ class MySQLAdapter(DestinationAdapter):
                 args,
             )
             keys = cur.fetchall()
-        tables: dict[str, Table] = {}
-        for table, column, sql_type in columns:
-            if not table.startswith(STAGE_PREFIX) and table != LOADS_TABLE:
-                tables.setdefault(table, Table(table)).columns[column] = sql_type
+        tables = tables_from_columns(columns, is_user_table)
         for table, column in keys:
             if table in tables:
                 tables[table].primary_keys += (column,)
@@ -354,14 +348,7 @@ class MySQLAdapter(DestinationAdapter):
             )
             return {(f, t) for f, t in cur.fetchall()}
 
-    def drop_stages(self, job_id: str) -> None:
-        self._drop_stages_where(lambda stage_job: stage_job.startswith(job_id))
-
-    def drop_stale_stages(self, before: float) -> None:
-        self._drop_stages_where(lambda stage_job: (job_started_at(stage_job) or before) < before)
-
     def _drop_stages_where(self, matches: Callable[[str], bool]) -> None:
-        """Drops the staging tables whose name after STAGE_PREFIX (`<job id>_<chunk>`) matches."""
         with self._cursor("dropping staging tables") as cur:
             cur.execute(
                 "SELECT TABLE_NAME FROM information_schema.TABLES "

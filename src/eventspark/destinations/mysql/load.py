@@ -13,8 +13,9 @@ from datetime import datetime
 from typing import Any
 
 from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk
-from eventspark.destinations.clickhouse.tsv import NULL, STAGE_ENCODERS, Encoder
 from eventspark.destinations.mysql.dialect import DIALECT
+from eventspark.destinations.staging import load_columns
+from eventspark.destinations.tsv import NULL, STAGE_ENCODERS, Encoder
 from eventspark.steps.typing import DataType, coerce, parse_timestamp
 
 quote = DIALECT.quote
@@ -65,16 +66,6 @@ def data_type_of(sql_type: str) -> DataType | None:
 def key_column_type(sql_type: str) -> str:
     """The type a key column needs: VARCHAR(255) instead of a TEXT type."""
     return KEY_TEXT_TYPE if type_family(sql_type)[0] in TEXT_FAMILIES else sql_type
-
-
-def load_columns(load: Load) -> list[str]:
-    seen: dict[str, None] = {}
-    for chunk in load.chunks:
-        seen.update(dict.fromkeys(c for c in chunk.columns if c != ORDER_COLUMN))
-    missing = [c for c in seen if c not in load.table.columns]
-    if missing:
-        raise ValueError(f"table {load.table.name!r} has no column {missing[0]!r}; patch it before loading")
-    return list(seen)
 
 
 def insert_select(load: Load, target: str, source: Callable[[StagedChunk], str]) -> str:
