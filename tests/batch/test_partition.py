@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -96,3 +97,19 @@ def test_an_event_that_breaks_a_step_fails_alone(tmp_path: Path, monkeypatch: An
     assert counts == {"": (0, 1), "a": (1, 0)}
     (spool,) = [r["spool"] for r in summary if r["spool"]]
     assert "RecursionError: too deep" in orjson.loads(Path(spool).read_bytes())["error"]
+
+
+def test_the_cycle_collector_is_left_as_it_was(tmp_path: Path) -> None:
+    stage = RecordingStage(refuse=set())
+    lines = [orjson.dumps({"event_type": "a", "n": i}) for i in range(3)]
+    try:
+        for enabled in (True, False):
+            if enabled:
+                gc.enable()
+            else:
+                gc.disable()
+            rows = _run(tmp_path, _plan(tmp_path, stage), lines)
+            assert gc.isenabled() is enabled
+            assert [r["rows"] for r in rows if r["kind"] == "count"] == [3]
+    finally:
+        gc.enable()
