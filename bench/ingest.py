@@ -233,7 +233,7 @@ def ensure_wrk() -> str | None:
     return shutil.which("wrk")
 
 
-def run_wrk(wrk: str, url: str, body: bytes, args: argparse.Namespace, duration: int, work: Path) -> Result:
+def run_wrk(wrk: str, port: int, body: bytes, args: argparse.Namespace, duration: int, work: Path) -> Result:
     script = work / "post.lua"
     script.write_text(
         'wrk.method = "POST"\n'
@@ -242,6 +242,7 @@ def run_wrk(wrk: str, url: str, body: bytes, args: argparse.Namespace, duration:
         f'wrk.headers["User-Agent"] = "{USER_AGENT}"\n'
         f'wrk.headers["Origin"] = "{ORIGIN}"\n'
     )
+    url = f"http://127.0.0.1:{port}/api/v1/event?token={TOKEN}"
     command = [wrk, "-t1", f"-c{args.connections}", f"-d{duration}s", "--latency", "-s", str(script), url]
     cpu = LOAD_CPU if args.pin else None
     out = subprocess.run(command, capture_output=True, text=True, check=True, preexec_fn=pinned(cpu)).stdout
@@ -310,7 +311,7 @@ async def _async_load(port: int, body: bytes, connections: int, duration: float)
 
 def load(wrk: str | None, port: int, body: bytes, args: argparse.Namespace, duration: int, work: Path) -> Result:
     if wrk is not None:
-        return run_wrk(wrk, f"http://127.0.0.1:{port}/api/v1/event?token={TOKEN}", body, args, duration, work)
+        return run_wrk(wrk, port, body, args, duration, work)
     return asyncio.run(_async_load(port, body, args.connections, duration))
 
 
@@ -331,11 +332,7 @@ def measure(
             load(wrk, ports[name], body, args, 2, work)  # warm-up
         for n in range(args.rounds):
             for name in ROUND_ORDER if n % 2 == 0 else reversed(ROUND_ORDER):
-                pid = servers[name].pid
-                before = cpu_seconds(pid)
-                result = load(wrk, ports[name], body, args, args.duration, work)
-                result.cpu_us = (cpu_seconds(pid) - before) / max(result.requests, 1) * 1e6
-                rounds[name].append(result)
+                rounds[name].append(_round(wrk, servers[name].pid, ports[name], body, args, work))
         summaries = {name: _summary(rounds[name], rss_mb(process.pid)) for name, process in servers.items()}
     finally:
         for process in servers.values():
@@ -343,6 +340,13 @@ def measure(
     pairs = zip(rounds["eventspark"], rounds["baseline"], strict=True)
     ratios = [(ours.rps / base.rps, base.cpu_us / ours.cpu_us) for ours, base in pairs]
     return summaries, ratios
+
+
+def _round(wrk: str | None, pid: int, port: int, body: bytes, args: argparse.Namespace, work: Path) -> Result:
+    before = cpu_seconds(pid)
+    result = load(wrk, port, body, args, args.duration, work)
+    result.cpu_us = (cpu_seconds(pid) - before) / max(result.requests, 1) * 1e6
+    return result
 
 
 def _summary(results: list[Result], rss: float) -> Result:
