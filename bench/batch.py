@@ -29,7 +29,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +37,25 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import common
+from common import generate_logs, stage_as_rotated
 from eventspark.batch.partition import process_splits
 from eventspark.batch.plan import JobPlan, token_routes
 from eventspark.batch.process import run_pass
 from eventspark.batch.session import get_session
 from eventspark.batch.splits import Split
 from eventspark.config import LoadedConfig
-from eventspark.config.loading import validate_config
 from eventspark.coordination import MemoryCoordination
 from eventspark.destinations.postgres.adapter import PostgresAdapter
-from eventspark.logs.incoming import live_log_name, rotate_incoming_logs, rotated_log_name
+from eventspark.logs.incoming import live_log_name, rotate_incoming_logs
 from eventspark.steps.flatten import flatten
 from eventspark.steps.typing import DataType, infer_type
 from generate import generate_events
 
 PG = {"host": "127.0.0.1", "port": 5432, "db": "test", "username": "postgres"}
 PG_CONNINFO = "host=127.0.0.1 port=5432 dbname=test user=postgres"
-EVENTS_PER_FILE = 250_000
+from common import EVENTS_PER_FILE  # noqa: E402
+
 FLOOR_CHUNK = 50_000
 FLOOR_TYPES = {
     DataType.BOOL: "boolean",
@@ -65,45 +66,13 @@ FLOOR_TYPES = {
 }
 
 
-def generate_logs(folder: Path, n: int, seed: int) -> list[Path]:
-    """Writes `n` events as rotated-log-sized files; returns their paths."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-    out = None
-    for i, event in enumerate(generate_events(n, seed=seed)):
-        if i % EVENTS_PER_FILE == 0:
-            if out is not None:
-                out.close()
-            paths.append(folder / f"part-{len(paths):04d}.log")
-            out = paths[-1].open("wb")
-        assert out is not None
-        out.write(orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE))
-    if out is not None:
-        out.close()
-    return paths
-
-
 def bench_config(root: Path, schema: str, master: str) -> LoadedConfig:
-    raw = {
-        "api_keys": [{"id": "bench", "client_secret": "bench-token", "server_secret": "bench-s2s"}],
-        "log": {"path": str(root / "events")},
-        "destinations": {
-            "pg": {
-                "type": "postgres",
-                "datasource": {**PG, "schema": schema},
-                "data_layout": {"table_name_template": "events"},
-            }
-        },
-        "spark": {"master": master},
+    destination = {
+        "type": "postgres",
+        "datasource": {**PG, "schema": schema},
+        "data_layout": {"table_name_template": "events"},
     }
-    return LoadedConfig(config=validate_config(raw))
-
-
-def stage_as_rotated(files: list[Path], incoming: Path) -> None:
-    incoming.mkdir(parents=True, exist_ok=True)
-    at = datetime(2026, 11, 1, tzinfo=UTC)
-    for i, path in enumerate(files):
-        os.link(path, incoming / rotated_log_name("bench", at + timedelta(seconds=i)))
+    return common.bench_config(root, master, {"pg": destination})
 
 
 def pg_count(schema: str, table: str = "events") -> int:
