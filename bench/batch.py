@@ -38,7 +38,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).parent))
 
 import common
-from common import generate_logs, stage_as_rotated
+from common import EVENTS_PER_FILE, generate_logs, stage_as_rotated
 from eventspark.batch.partition import process_splits
 from eventspark.batch.plan import JobPlan, token_routes
 from eventspark.batch.process import run_pass
@@ -54,7 +54,6 @@ from generate import generate_events
 
 PG = {"host": "127.0.0.1", "port": 5432, "db": "test", "username": "postgres"}
 PG_CONNINFO = "host=127.0.0.1 port=5432 dbname=test user=postgres"
-from common import EVENTS_PER_FILE  # noqa: E402
 
 FLOOR_CHUNK = 50_000
 FLOOR_TYPES = {
