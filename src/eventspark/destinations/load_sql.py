@@ -7,9 +7,11 @@ passed the executor's checks. Columns a chunk lacks are NULL.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, data_type_of_sql
+from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, TerminalError, data_type_of_sql
+from eventspark.steps.diff import Table
 from eventspark.steps.typing import DataType
 
 Quote = Callable[[str], str]
@@ -73,3 +75,19 @@ def _chunk_select(chunk: StagedChunk, columns: list[str], load: Load, quote: Quo
     if keep_order:
         exprs.append(quote(ORDER_COLUMN))
     return f"SELECT {', '.join(exprs)}"
+
+
+def insert_plan(
+    warehouse: str, table: Table, rows: Sequence[Mapping[str, Any]]
+) -> tuple[list[str], Sequence[Mapping[str, Any]]]:
+    """Every column any of `rows` has, and the rows to insert. With a primary key only the last row
+    of each key is kept (an upsert cannot touch a row twice), and it replaces the stored values of
+    these columns, as a batch load does. A column the table lacks is a TerminalError."""
+    if table.primary_keys:
+        keys = table.primary_keys
+        rows = list({tuple(row.get(k) for k in keys): row for row in rows}.values())
+    columns = list(dict.fromkeys(c for row in rows for c in row))
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise TerminalError(f"{warehouse}: table {table.name!r} has no column {missing[0]!r}")
+    return columns, rows

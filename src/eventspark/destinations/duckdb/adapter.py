@@ -24,7 +24,7 @@ from eventspark.destinations.base import (
     job_started_at,
 )
 from eventspark.destinations.duckdb.dialect import DIALECT
-from eventspark.destinations.load_sql import cast_expr, insert_select
+from eventspark.destinations.load_sql import cast_expr, insert_plan, insert_select
 from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType, coerce
 
@@ -272,16 +272,8 @@ class DuckDBAdapter(DestinationAdapter):
 
 
 def _insert_columns(table: Table, rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str | None]]]:
-    """Every column any row has, and one text list per column (absent values are NULL). With a
-    primary key only the last row of each key is kept (an upsert cannot touch a row twice), and it
-    replaces the stored values of these columns, as a batch load does."""
-    if table.primary_keys:
-        keys = table.primary_keys
-        rows = list({tuple(row.get(k) for k in keys): row for row in rows}.values())
-    columns = list(dict.fromkeys(c for row in rows for c in row))
-    missing = [c for c in columns if c not in table.columns]
-    if missing:
-        raise TerminalError(f"duckdb: table {table.name!r} has no column {missing[0]!r}")
+    """The columns of `rows` (see `load_sql.insert_plan`) and one text list per column (absent values are NULL)."""
+    columns, rows = insert_plan("duckdb", table, rows)
     return columns, [[_sql_text(row.get(c)) for row in rows] for c in columns]
 
 

@@ -24,7 +24,7 @@ from eventspark.destinations.base import (
     TransientError,
     job_started_at,
 )
-from eventspark.destinations.load_sql import cast_expr, insert_select
+from eventspark.destinations.load_sql import cast_expr, insert_plan, insert_select
 from eventspark.destinations.postgres.dialect import DIALECT
 from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
@@ -316,15 +316,8 @@ class PostgresAdapter(DestinationAdapter):
 
 
 def _insert_rows(table: Table, rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], str]:
-    """Every column any row has, and the rows as a JSON array of arrays in that column order
-    (absent values are null). With a primary key only the last row of each key is kept (an upsert
-    cannot touch a row twice), and it replaces the stored values of these columns, as a batch load does."""
-    if table.primary_keys:
-        keys = table.primary_keys
-        rows = list({tuple(row.get(k) for k in keys): row for row in rows}.values())
-    columns = list(dict.fromkeys(c for row in rows for c in row))
-    missing = [c for c in columns if c not in table.columns]
-    if missing:
-        raise TerminalError(f"postgres: table {table.name!r} has no column {missing[0]!r}")
+    """The columns of `rows` (see `load_sql.insert_plan`) and the rows as a JSON array of arrays in
+    that column order (absent values are null)."""
+    columns, rows = insert_plan("postgres", table, rows)
     values = [[row.get(c) for c in columns] for row in rows]
     return columns, orjson.dumps(values, default=str).decode()
