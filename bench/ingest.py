@@ -477,7 +477,7 @@ def in_process(args: argparse.Namespace) -> int:
         ratio = statistics.median(base / us for base, us in zip(times["baseline"], values, strict=True))
         print(f"{name:<12}{statistics.median(values):8.1f} CPU us/request (median)   baseline/{name} {ratio:.3f}")
     for stats in profiled:
-        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats(os.environ.get("BENCH_SORT", "tottime")).print_stats(int(os.environ.get("BENCH_TOP", "25")))
     return 0
 
 

@@ -9,7 +9,15 @@ from pathlib import Path
 import orjson
 
 from eventspark.logs.archive import archive_log
-from eventspark.logs.failed import append_spools, event_error_line, failed_log_path
+from eventspark.logs.failed import (
+    PENDING_DIR,
+    append_spools,
+    event_error_line,
+    failed_log_path,
+    park_spools,
+    parked_spools,
+    settle_parked,
+)
 from eventspark.logs.rotated import rotated_logs, rotated_token
 from eventspark.logs.status import (
     PairStatus,
@@ -69,6 +77,27 @@ def test_failed_lines_keep_the_event_and_spools_append(tmp_path: Path) -> None:
     assert append_spools(failed_dir, "pg", [*spools, tmp_path / "missing.log"]) == 2 * len(line)
     append_spools(failed_dir, "pg", spools[:1])
     assert failed_log_path(failed_dir, "pg").read_bytes() == line * 3
+
+
+def test_parked_spools_survive_until_settled(tmp_path: Path) -> None:
+    failed_dir = tmp_path / "failed"
+    spools = []
+    for name, text in (("a", b"1\n"), ("b", b"2\n"), ("c", b"3\n")):
+        spools.append(tmp_path / f"{name}.log")
+        spools[-1].write_bytes(text)
+    kept = park_spools(failed_dir, "log-1", "pg", "t|x", spools[:2])
+    dropped = park_spools(failed_dir, "log-2", "pg", "t", spools[2:])
+    (failed_dir / PENDING_DIR / "cut-short").mkdir()  # parking interrupted before its manifest
+    assert not any(spool.exists() for spool in spools)
+
+    found = parked_spools(failed_dir)  # as the next pass finds them
+
+    assert sorted(found, key=lambda g: g.log) == [kept, dropped]
+    assert not (failed_dir / PENDING_DIR / "cut-short").exists()
+    settle_parked(failed_dir, [kept], committed=True)
+    settle_parked(failed_dir, [dropped], committed=False)
+    assert failed_log_path(failed_dir, "pg").read_bytes() == b"1\n2\n"
+    assert list((failed_dir / PENDING_DIR).iterdir()) == []
 
 
 def test_rotated_logs_are_found_by_name(tmp_path: Path) -> None:

@@ -193,6 +193,37 @@ def test_crash_and_rerun_leave_each_event_once(
     assert [f["event_id"] for f in failed_lines(tmp_path, "dd") + failed_lines(tmp_path, "pg")] == ["bad", "bad"]
 
 
+@pytest.mark.parametrize("point", ["pair committed", "committed"])
+def test_misfits_of_a_pair_committed_before_a_crash_are_not_lost(
+    spark: Any, tmp_path: Path, pg_datasource: dict[str, Any], point: str
+) -> None:
+    loaded = make_config(tmp_path, {"pg": postgres_destination(pg_datasource, template="t")})
+    put_log(tmp_path, [event("0", n=0)])
+    assert run(spark, loaded).ok  # table t exists: n is a bigint column
+    log = put_log(tmp_path, [event("1", n=1), event("2", n="not a number"), event("3", n=3)])
+
+    def crash(at: str) -> None:
+        if at == point:
+            raise SystemExit(f"crash at {at}")
+
+    with pytest.raises(SystemExit):
+        run(spark, loaded, fault=crash)
+    # The pair is committed, so a rerun never reads the log for table t again: only the parked
+    # spool still knows about the misfit.
+    assert not status_path(log).exists()
+    assert pg_rows(pg_datasource["schema"], "SELECT count(*) FROM t") == [(3,)]
+    pending = tmp_path / "events" / "failed" / "pending"
+    if point == "pair committed":
+        assert failed_lines(tmp_path, "pg") == [] and any(pending.iterdir())
+
+    assert run(spark, loaded).ok
+
+    assert pg_rows(pg_datasource["schema"], "SELECT eventn_ctx_event_id FROM t ORDER BY 1") == [("0",), ("1",), ("3",)]
+    (misfit,) = failed_lines(tmp_path, "pg")
+    assert misfit["event_id"] == "2" and "'n'" in misfit["error"]
+    assert not log.exists() and list(pending.iterdir()) == []
+
+
 def test_lines_follow_their_token_to_its_destinations(spark: Any, tmp_path: Path) -> None:
     web_only = {**duckdb_destination(template="web_only"), "only_tokens": ["web"]}
     app_only = {**duckdb_destination(template="app_only"), "only_tokens": ["app-s2s"]}

@@ -8,8 +8,9 @@ Driver steps, in order:
    spool failed events; the driver collects only counts, chunk references and BatchHeaders;
 4. per destination/table pair: merge the headers, patch the table and commit the chunks
    (`batch.load`); a pair that fails is recorded FAILED and retried on the next pass;
-5. append the failed events of settled pairs to `failed/`, write the status files, archive the
-   logs whose every pair is uploaded.
+5. append the failed events of settled pairs to `failed/` (those of a table pair are parked before
+   its commit and appended right after it: see `logs.failed`), write the status files, archive
+   the logs whose every pair is uploaded.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from eventspark.coordination import Coordination
 from eventspark.destinations import build_destination
 from eventspark.destinations.base import DestinationAdapter, DestinationError, StagedChunk, new_job_id
 from eventspark.logs.archive import archive_log
-from eventspark.logs.failed import append_spools
+from eventspark.logs.failed import ParkedSpools, append_spools, park_spools, parked_spools, settle_parked
 from eventspark.logs.rotated import rotated_token
 from eventspark.logs.status import (
     LogStatus,
@@ -208,6 +209,7 @@ class BatchJob:
     ) -> None:
         # What a killed pass left behind; a day is far longer than any pass.
         adapter.drop_stale_stages(time.time() - STALE_STAGE_SECONDS)
+        self._recover_parked(adapter, dest_id)
         # Markers first: a pair committed before a crash is uploaded, whatever the status file says.
         for name, table in adapter.loaded_files(dest_id, names):
             statuses[name].setdefault(dest_id, {})[table] = PairStatus(True)
@@ -244,6 +246,7 @@ class BatchJob:
     ) -> dict[tuple[str, str], str]:
         outcomes: dict[tuple[str, str], str] = {}
         max_default = self.config.server.max_columns
+        parked = self._park_failed(collected)
         for key in sorted(collected.pairs):
             pair = collected.pairs[key]
             dest = self.config.destinations[pair.dest_id]
@@ -254,7 +257,34 @@ class BatchJob:
             )
             outcomes[key] = error
             result.pair(*key).error = error
+            if self.fault is not None:
+                self.fault("pair committed")
+            settle_parked(self.events_dir / "failed", parked.pop(key, ()), committed=not error)
+        for groups in parked.values():  # tables whose every event failed: nothing to commit
+            settle_parked(self.events_dir / "failed", groups, committed=True)
         return outcomes
+
+    def _park_failed(self, collected: _Collected) -> dict[tuple[str, str], list[ParkedSpools]]:
+        """Parks the failed events of every table pair until its commit is decided (`logs.failed`)."""
+        parked: dict[tuple[str, str], list[ParkedSpools]] = defaultdict(list)
+        failed_dir = self.events_dir / "failed"
+        for (name, dest_id, table), spools in sorted(collected.spools.items()):
+            if table != NO_TABLE:
+                parked[dest_id, table].append(park_spools(failed_dir, name, dest_id, table, spools))
+        collected.spools = {key: spools for key, spools in collected.spools.items() if key[2] == NO_TABLE}
+        return parked
+
+    def _recover_parked(self, adapter: DestinationAdapter, dest_id: str) -> None:
+        """Failed events a crashed pass parked: appended when their pair was committed, else dropped."""
+        failed_dir = self.events_dir / "failed"
+        groups = [group for group in parked_spools(failed_dir) if group.dest_id == dest_id]
+        if not groups:
+            return
+        committed = adapter.loaded_files(dest_id, sorted({group.log for group in groups}))
+        done = [group for group in groups if (group.log, group.table) in committed]
+        settle_parked(failed_dir, done, committed=True)
+        settle_parked(failed_dir, [group for group in groups if group not in done], committed=False)
+        log.info("destination %s: %d parked failed-event group(s) recovered after a crash", dest_id, len(done))
 
     def _settle(
         self,
@@ -280,7 +310,7 @@ class BatchJob:
             if table != NO_TABLE:
                 error = outcomes.get((dest_id, table), "")
                 tables[table] = PairStatus(not error, error)
-        self._append_failed(collected, outcomes, fresh)
+        self._append_failed(collected, fresh)
         self._record_destination_errors(plan, dest_errors, updates, result)
         for path in logs:
             self._finish_log(path, statuses[path.name], updates.get(path.name, {}), plan, result)
@@ -300,18 +330,14 @@ class BatchJob:
         for dest_id, error in dest_errors.items():
             result.pair(dest_id, NO_TABLE).error = error
 
-    def _append_failed(
-        self, collected: _Collected, outcomes: dict[tuple[str, str], str], fresh: set[tuple[str, str]]
-    ) -> None:
-        failed_dir = self.events_dir / "failed"
+    def _append_failed(self, collected: _Collected, fresh: set[tuple[str, str]]) -> None:
+        """Template failures, skips and unreadable lines: once per log and destination."""
         by_dest: dict[str, list[Path]] = defaultdict(list)
-        for (name, dest_id, table), spools in sorted(collected.spools.items()):
-            # Events of a FAILED pair are processed again on the retry; template failures once per log.
-            settled = (name, dest_id) in fresh if table == NO_TABLE else not outcomes.get((dest_id, table), "")
-            if settled:
+        for (name, dest_id, _table), spools in sorted(collected.spools.items()):
+            if (name, dest_id) in fresh:
                 by_dest[dest_id].extend(spools)
         for dest_id, spools in by_dest.items():
-            append_spools(failed_dir, dest_id, spools)
+            append_spools(self.events_dir / "failed", dest_id, spools)
 
     def _finish_log(self, path: Path, old: LogStatus, update: LogStatus, plan: JobPlan, result: JobResult) -> None:
         merged = merge_status(old, update)

@@ -3,18 +3,30 @@
 A line is `{"event": <original event>, "error": "<reason>", "event_id": "<id>"}`. The Spark
 executors spool the failures of a pass into files of their own; the driver appends a spool to the
 destination's failed log once the pass's outcome for those events is final.
+
+Spools of a destination/table pair are *parked* in `failed/pending/` before the pair is committed.
+Once a pair is committed its log is never read for that table again, so a crash between the commit
+and the append would otherwise lose those failures; the next pass finds the parked spools and
+appends those whose pair the destination's load markers show committed (the others are dropped:
+the retry of the pair spools them again). A crash between an append and the removal of its parked
+spools can write those lines twice: the failed log is at-least-once, never lossy.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
+import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 COPY_CHUNK = 1024 * 1024
+PENDING_DIR = "pending"
 
 
 def failed_log_path(failed_dir: Path, dest_id: str) -> Path:
@@ -59,4 +71,84 @@ def append_spools(failed_dir: Path, dest_id: str, spools: Iterable[Path]) -> int
                     written += src.tell()
             except FileNotFoundError:
                 continue
+        out.flush()
+        os.fsync(out.fileno())  # before the caller removes what it appended
     return written
+
+
+# --- spools parked across a commit ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedSpools:
+    """The failed-event spools of one (log, destination, table), parked while the pair commits."""
+
+    manifest: Path
+    log: str
+    dest_id: str
+    table: str
+    spools: tuple[Path, ...]
+
+
+def park_spools(failed_dir: Path, log: str, dest_id: str, table: str, spools: Iterable[Path]) -> ParkedSpools:
+    """Moves the spools under `failed/pending/` with a manifest naming their pair (module docstring)."""
+    folder = failed_dir / PENDING_DIR / uuid.uuid4().hex
+    folder.mkdir(parents=True)
+    moved = tuple(_move(spool, folder / f"{index}.log") for index, spool in enumerate(spools))
+    manifest = folder / "manifest.json"
+    record = {"log": log, "dest": dest_id, "table": table, "spools": [p.name for p in moved]}
+    _write_durably(manifest, orjson.dumps(record))
+    return ParkedSpools(manifest, log, dest_id, table, moved)
+
+
+def parked_spools(failed_dir: Path) -> list[ParkedSpools]:
+    """Every parked group a pass left behind; a folder without a manifest (cut short while parking) is removed."""
+    found = []
+    root = failed_dir / PENDING_DIR
+    for folder in sorted(root.iterdir()) if root.is_dir() else ():
+        try:
+            record = orjson.loads((folder / "manifest.json").read_bytes())
+        except (FileNotFoundError, orjson.JSONDecodeError):
+            shutil.rmtree(folder, ignore_errors=True)  # its spools came from a pass that never committed
+            continue
+        spools = tuple(folder / name for name in record["spools"])
+        found.append(ParkedSpools(folder / "manifest.json", record["log"], record["dest"], record["table"], spools))
+    return found
+
+
+def settle_parked(failed_dir: Path, parked: Iterable[ParkedSpools], committed: bool) -> None:
+    """Appends the parked spools to their destinations' failed logs when `committed`; removes them either way."""
+    groups = list(parked)
+    if committed:
+        by_dest: dict[str, list[Path]] = {}
+        for group in groups:
+            by_dest.setdefault(group.dest_id, []).extend(group.spools)
+        for dest_id, spools in by_dest.items():
+            append_spools(failed_dir, dest_id, spools)
+    for group in groups:
+        group.manifest.unlink(missing_ok=True)  # first: a folder without a manifest is never appended
+        shutil.rmtree(group.manifest.parent, ignore_errors=True)
+
+
+def _move(source: Path, target: Path) -> Path:
+    try:
+        os.replace(source, target)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        shutil.move(source, target)  # staging on another file system
+    return target
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    temporary = path.with_suffix(".tmp")
+    with temporary.open("wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
