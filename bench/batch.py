@@ -1,6 +1,7 @@
 """Benchmark of the batch pipeline into Postgres, against a COPY floor and dlt, in one run.
 
     .venv/bin/python bench/batch.py [--events N] [--no-scaling] [--no-dlt] [--dlt-python PATH]
+    .venv/bin/python bench/batch.py --destination clickhouse|mysql [--events N]   (bench/destinations.py)
 
 1. generates N web events (bench/generate.py) as rotated incoming logs;
 2. pipeline: one batch pass (warm SparkSession, `local[*]`) into a fresh Postgres schema;
@@ -258,7 +259,13 @@ def run_executor(work: Path, files: list[Path], n: int) -> float:
 
 
 def main() -> None:
+    if "--destination" in sys.argv and sys.argv[sys.argv.index("--destination") + 1 :][:1] != ["postgres"]:
+        import destinations  # ClickHouse and MySQL: their own bench, with their own floors
+
+        destinations.main()
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--destination", choices=["postgres", "clickhouse", "mysql"], default="postgres")
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--master", default="local[*]")
