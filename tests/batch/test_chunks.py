@@ -46,6 +46,22 @@ def test_casts_and_timestamp_names_fix_the_type() -> None:
     assert header.fields["amount"].sql_type == "numeric(12,2)"
 
 
+def test_literal_casts_are_checked_per_value() -> None:
+    casts = {"amount": "numeric(5,2)", "code": "varchar(2)"}
+    buffer = ChunkBuffer("t", None)
+    assert buffer.add({"amount": 1.5, "code": "ab"}, casts) is None
+    assert buffer.add({"amount": "999.99", "code": "cd"}, casts) is None
+    error = buffer.add({"amount": 1000, "code": "ef"}, casts)
+    assert error is not None and "'amount' (numeric(5,2))" in error and "3 digit(s)" in error
+    error = buffer.add({"amount": 1, "code": "xyz"}, casts)  # the column's second string: no fast path
+    assert error is not None and "'code' (varchar(2))" in error
+    assert buffer.take()[1] == [["1.5", "ab"], ["999.99", "cd"]]
+    # A table that already has the column (typed numeric → FLOAT64 here): the cast still checks.
+    existing = ChunkBuffer("t", {"amount": DataType.FLOAT64})
+    assert existing.add({"amount": 12.5}, casts) is None
+    assert existing.add({"amount": 12345.5}, casts) is not None
+
+
 def test_primary_keys_are_required_and_order_is_kept() -> None:
     buffer = ChunkBuffer("t", None, primary_keys=("id",))
     assert buffer.add({"v": 1}, {}) == "primary key field 'id' is missing"

@@ -224,6 +224,35 @@ def test_misfits_of_a_pair_committed_before_a_crash_are_not_lost(
     assert not log.exists() and list(pending.iterdir()) == []
 
 
+def test_a_value_a_literal_cast_refuses_fails_its_event_not_the_pair(
+    spark: Any, tmp_path: Path, pg_datasource: dict[str, Any]
+) -> None:
+    fields = [
+        {"src": "/price", "action": "cast", "type": "numeric(6,2)"},
+        {"src": "/code", "action": "cast", "type": "varchar(3)"},
+    ]
+    layout = {"mappings": {"keep_unmapped": True, "fields": fields}}
+    loaded = make_config(tmp_path, {"pg": postgres_destination(pg_datasource, template="t", **layout)})
+    put_log(
+        tmp_path,
+        [
+            event("1", price=12.5, code="abc"),
+            event("2", price=123456, code="abc"),  # more than 4 digits before the point
+            event("3", price="9.99", code="toolong"),
+            event("4", price=0.125, code="x"),
+        ],
+    )
+
+    result = run(spark, loaded)
+
+    assert result.ok and (result.pairs["pg", "t"].rows, result.pairs["pg", "t"].failed) == (2, 2)
+    schema = pg_datasource["schema"]
+    rows = pg_rows(schema, "SELECT eventn_ctx_event_id, price::text, code FROM t ORDER BY 1")
+    assert rows == [("1", "12.50", "abc"), ("4", "0.13", "x")]
+    errors = {f["event_id"]: f["error"] for f in failed_lines(tmp_path, "pg")}
+    assert "numeric(6,2)" in errors["2"] and "varchar(3)" in errors["3"]
+
+
 def test_lines_follow_their_token_to_its_destinations(spark: Any, tmp_path: Path) -> None:
     web_only = {**duckdb_destination(template="web_only"), "only_tokens": ["web"]}
     app_only = {**duckdb_destination(template="app_only"), "only_tokens": ["app-s2s"]}

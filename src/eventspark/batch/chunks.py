@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from eventspark.destinations.base import ORDER_COLUMN
+from eventspark.steps.literals import LiteralCheck, literal_check
 from eventspark.steps.typing import (
     ALWAYS_TIMESTAMP,
     BatchHeader,
@@ -64,6 +65,7 @@ class ChunkBuffer:
         "existing",
         "fixed_types",
         "kinds",
+        "literal_checks",
         "mixed",
         "primary_keys",
         "rows",
@@ -87,6 +89,8 @@ class ChunkBuffer:
         self.sql_types: dict[str, str] = {}
         self.mixed: set[str] = set()
         self.fixed_types: dict[str, tuple[DataType, str | None]] = {}
+        # Columns cast to a literal SQL type this module can check (`steps.literals`).
+        self.literal_checks: dict[str, LiteralCheck] = {}
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -115,6 +119,8 @@ class ChunkBuffer:
             return None
         known = self.existing.get(name, _MISSING) if self.existing else _MISSING
         if known is not _MISSING:
+            if casts and name in casts:
+                self._fixed_type(name, casts)  # a literal cast's check applies to the existing column too
             return self._fit(values, name, value, known or DataType.STRING)  # type: ignore[arg-type]
         if name in ALWAYS_TIMESTAMP or (casts and name in casts):
             return self._fit(values, name, value, self._fixed_type(name, casts))
@@ -140,6 +146,11 @@ class ChunkBuffer:
         generic = parse_generic_type(cast) if cast is not None else DataType.TIMESTAMP
         if cast is not None and generic is None:
             self.sql_types[name] = cast  # a literal SQL type: staged as text, cast by the warehouse
+            check = literal_check(cast)
+            if check is not None:
+                self.literal_checks[name] = check
+            else:
+                self.literal_checks.pop(name, None)
         stage = generic or DataType.STRING
         self.fixed_types[name] = (stage, cast)
         return stage
@@ -151,16 +162,23 @@ class ChunkBuffer:
     def _fit(self, values: dict[str, Any], name: str, value: Any, stage: DataType) -> str | None:
         if self.types.get(name) is not stage:
             self._set_type(name, stage)
-        if (
+        check = self.literal_checks.get(name) if self.literal_checks else None
+        if check is not None:
+            self.kinds[name] = None  # every value of the column takes this path
+        elif (
             type(value) is _STAGE_KIND[stage]
             and stage is not DataType.TIMESTAMP
             and (stage is not DataType.INT64 or _INT64_MIN <= value <= _INT64_MAX)
         ):
             return None
         try:
-            values[name] = to_stage(value, stage)
+            staged = values[name] = to_stage(value, stage)
         except ValueError as exc:
             return f"column {name!r}: {exc}"
+        if check is not None:
+            error = check(staged if type(staged) is str else str(staged))
+            if error is not None:
+                return f"column {name!r} ({self.sql_types[name]}): {error}"
         return None
 
     def take(self, ordered: bool = False) -> tuple[dict[str, DataType], list[list[Any]], BatchHeader]:
