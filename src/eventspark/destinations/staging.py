@@ -1,5 +1,5 @@
 """What the warehouses that stage each chunk as its own table in the destination's schema share
-(ClickHouse, MySQL): the staging tables' names, telling them from the user's tables, dropping a
+(Postgres, ClickHouse, MySQL): the staging tables' names, telling them from the user's tables, dropping a
 job's leftovers, and the columns a commit fills.
 
 A staging table is named `STAGE_PREFIX<job id>_<random>` (plus a suffix for derived tables), so

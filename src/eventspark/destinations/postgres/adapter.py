@@ -3,7 +3,6 @@ them into the target with one INSERT ... SELECT per destination/table pair."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,15 +16,14 @@ from eventspark.config.models import PostgresDestination
 from eventspark.destinations.base import (
     LOADS_TABLE,
     STAGE_PREFIX,
-    DestinationAdapter,
     Load,
     StagedChunk,
     TerminalError,
     TransientError,
-    job_started_at,
 )
 from eventspark.destinations.load_sql import cast_expr, insert_plan, insert_select
 from eventspark.destinations.postgres.dialect import DIALECT
+from eventspark.destinations.staging import StagingTableAdapter, is_user_table, new_stage_table, tables_from_columns
 from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
 
@@ -102,7 +100,7 @@ class PostgresStageWriter:
         self._conn: psycopg.Connection[Any] | None = None
 
     def write(self, columns: Mapping[str, DataType], rows: Sequence[Sequence[Any]]) -> StagedChunk:
-        name = f"{STAGE_PREFIX}{self._target.job_id}_{uuid.uuid4().hex[:16]}"
+        name = new_stage_table(self._target.job_id)
         table = sql.Identifier(self._target.schema, name)
         names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
         defs = sql.SQL(", ").join(
@@ -137,7 +135,7 @@ class PostgresStageWriter:
             self._conn = None
 
 
-class PostgresAdapter(DestinationAdapter):
+class PostgresAdapter(StagingTableAdapter):
     """A Postgres schema (created when missing). One driver connection, opened on first use."""
 
     dialect = DIALECT
@@ -177,23 +175,13 @@ class PostgresAdapter(DestinationAdapter):
     def _name(self, table: str) -> sql.Composable:
         return sql.Identifier(self.schema, table)
 
-    def read_tables(self) -> dict[str, Table]:
-        return self._read(None)
-
-    def read_table(self, name: str) -> Table | None:
-        return self._read(name).get(name)
-
     def _read(self, name: str | None) -> dict[str, Table]:
         args = {"schema": self.schema, "table": name}
         conn = self._connection()
         with translated_errors("reading tables"), conn.transaction():
             columns = conn.execute(_COLUMNS_QUERY, args).fetchall()
             keys = conn.execute(_KEYS_QUERY, args).fetchall()
-        tables: dict[str, Table] = {}
-        for table, column, sql_type in columns:
-            if table.startswith(STAGE_PREFIX) or table == LOADS_TABLE:
-                continue
-            tables.setdefault(table, Table(table)).columns[column] = sql_type
+        tables = tables_from_columns(columns, is_user_table)
         for table, _constraint, key_columns in keys:
             if table in tables:
                 tables[table].primary_keys = tuple(key_columns)
@@ -261,12 +249,6 @@ class PostgresAdapter(DestinationAdapter):
             rows = conn.execute(query.format(self._name(LOADS_TABLE)), (dest_id, list(files))).fetchall()
         return {(f, t) for f, t in rows}
 
-    def drop_stages(self, job_id: str) -> None:
-        self._drop_stages_where(lambda stage_job: stage_job == job_id)
-
-    def drop_stale_stages(self, before: float) -> None:
-        self._drop_stages_where(lambda stage_job: (job_started_at(stage_job) or before) < before)
-
     def _drop_stages_where(self, matches: Callable[[str], bool]) -> None:
         query = "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         query += "WHERE n.nspname = %s AND c.relkind = 'r' AND left(c.relname, %s) = %s"
@@ -274,7 +256,7 @@ class PostgresAdapter(DestinationAdapter):
         with translated_errors("dropping staging tables"), conn.transaction():
             rows = conn.execute(query, (self.schema, len(STAGE_PREFIX), STAGE_PREFIX)).fetchall()
             for (name,) in rows:
-                if matches(name[len(STAGE_PREFIX) :].rsplit("_", 1)[0]):
+                if matches(name[len(STAGE_PREFIX) :]):
                     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._name(name)))
 
     def insert(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
