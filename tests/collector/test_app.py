@@ -189,7 +189,7 @@ def test_unexpected_errors_are_500_json(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_origin_echo_follows_each_tokens_rules_past_the_answer_cache(tmp_path: Path) -> None:
-    # 200 answers echoing an Origin are cached by origin; the cache must never let one token's
+    # JS answers are cached by token and origin; the cache must never let one token's
     # allowed origin through for another token, nor grow without bound.
     from eventspark.collector import routes
 
@@ -209,7 +209,86 @@ def test_origin_echo_follows_each_tokens_rules_past_the_answer_cache(tmp_path: P
         return seen
 
     seen = run(make_app(tmp_path, api_keys=keys), scenario)
-    assert len(routes._OK_BY_ORIGIN) <= routes.MAX_CACHED_ORIGINS
+    assert len(routes._JS_ANSWERS) <= routes.MAX_CACHED_ORIGINS
     for secret, origin, echoed in seen:
         allowed = secret == "js-open" or origin.endswith(".shop.io")
         assert echoed == (origin if allowed else None), (secret, origin)
+
+
+def test_the_plain_token_fast_path_answers_like_the_general_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `?token=<client secret>` alone is served without a Request object; any other query takes
+    # the general path. Both must answer, store and count exactly alike (ids are given: a generated
+    # one would differ).
+    from eventspark.collector import app as app_module
+
+    built: list[object] = []
+
+    class CountedRequest(app_module.Request):
+        __slots__ = ()
+
+        def __init__(self, *args: Any) -> None:
+            built.append(self)
+            super().__init__(*args)
+
+    monkeypatch.setattr(app_module, "Request", CountedRequest)
+    cases: list[tuple[str, dict[str, str], bytes]] = [
+        (
+            "js",
+            {"Origin": "https://a.shop.io", "User-Agent": "UA/1", "X-Forwarded-For": "9.9.9.9, 10.0.0.1"},
+            b'{"event_id": "e0"}',
+        ),
+        ("js", {"Origin": "https://evil.io", "X-Real-IP": "8.8.8.8"}, b'[{"event_id": "e1"}, {"event_id": 7}]'),
+        (
+            "js",
+            {"Origin": "https://a.shop.io"},
+            b'{"template": {"t": 1}, "events": [{"event_id": "e2"}, {"event_id": "e3"}]}',
+        ),
+        ("js", {"Origin": "https://a.shop.io"}, b"{bad"),
+        ("js", {}, b"[" * 70 + b"]" * 70),
+        ("js", {}, b"x" * 2000),
+        ("js", {"Origin": "https://a.shop.io"}, b"[]"),
+        ("nope", {"Origin": "https://a.shop.io"}, b"{}"),
+        ("s2s", {}, b"{}"),
+        ("js-idle", {"Origin": "https://a.shop.io"}, b"{}"),
+    ]
+
+    def serve(query: str) -> tuple[list[tuple[int, Any, str | None]], list[dict[str, Any]], CollectorApp]:
+        work = tmp_path / query.replace("&", "_").replace("{}", "")
+        app = make_app(
+            work,
+            api_keys=[
+                {"id": "t", "client_secret": "js", "server_secret": "s2s", "origins": ["*.shop.io"]},
+                {"id": "idle", "client_secret": "js-idle", "server_secret": "s-idle"},
+            ],
+            destinations={"dw": {"type": "duckdb", "only_tokens": ["t"]}},
+            server={"max_event_size": 1024},
+        )
+
+        async def scenario(client: httpx.AsyncClient) -> list[tuple[int, Any, str | None]]:
+            answers = []
+            for secret, headers, body in cases:
+                response = await client.post(f"/api/v1/event?{query.format(secret)}", content=body, headers=headers)
+                answers.append(
+                    (response.status_code, response.json(), response.headers.get("access-control-allow-origin"))
+                )
+            return answers
+
+        answers = run(app, scenario)
+        events = incoming_events(work)
+        for event in events:
+            assert event.pop("_timestamp")
+        return answers, events, app
+
+    fast_answers, fast_events, fast = serve("token={}")
+    assert len(built) == 2  # only for the secrets of no client token ("nope", "s2s")
+    general_answers, general_events, general = serve("x=1&token={}")
+    assert len(built) == 2 + len(cases)
+    assert fast_answers == general_answers
+    assert [status for status, _, _ in fast_answers] == [200, 200, 200, 400, 400, 413, 200, 401, 401, 422]
+    assert fast_events == general_events and len(fast_events) == 5
+    assert fast.metrics.accepted == general.metrics.accepted == {"t": 5, "idle": 0}
+    assert fast.metrics.rejected == general.metrics.rejected
+    fast_latency, general_latency = fast.metrics.latency["/api/v1/event"], general.metrics.latency["/api/v1/event"]
+    assert sum(fast_latency.counts) == sum(general_latency.counts) == len(cases)

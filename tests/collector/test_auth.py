@@ -6,7 +6,14 @@ from typing import Any
 
 import pytest
 
-from eventspark.collector.auth import OriginRules, TokenTable, check_admin, cors_headers, request_token
+from eventspark.collector.auth import (
+    OriginRules,
+    TokenTable,
+    check_admin,
+    cors_headers,
+    plain_query_token,
+    request_token,
+)
 from eventspark.collector.http import HTTPError, Request
 from eventspark.config.models import ApiKey
 
@@ -44,6 +51,26 @@ def test_token_lookup_order(query: bytes, headers: dict[bytes, bytes], expected:
 
 
 @pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        (b"token=abc", "abc"),
+        (b"token=", None),
+        (b"", None),
+        (b"token=a%2Bb", None),
+        (b"token=a+b", None),
+        (b"token=abc&x=1", None),
+        (b"x=1&token=abc", None),
+        (b"tokens=abc", None),
+    ],
+)
+def test_plain_query_token_only_for_a_query_with_nothing_to_decode(query: bytes, expected: str | None) -> None:
+    # Anything else goes through `request_token`, which finds the same secret for the plain form.
+    assert plain_query_token(query) == expected
+    if expected is not None:
+        assert request_token(request(query)) == expected
+
+
+@pytest.mark.parametrize(
     ("patterns", "origin", "allowed"),
     [
         ([], "https://anything", True),
@@ -69,6 +96,18 @@ def test_cors_header_only_for_an_allowed_origin() -> None:
     assert cors_headers(allowed, rules) == [(b"access-control-allow-origin", b"https://www.example.com")]
     assert cors_headers(request(headers={b"origin": b"https://evil.io"}), rules) == []
     assert cors_headers(request(), rules) == []
+
+
+def test_plain_queries_find_what_the_general_lookup_finds() -> None:
+    secrets = ["js", "a&b", "a%b", "a+b", "café", "日本", "s p"]
+    table = TokenTable([ApiKey(id=f"k{n}", client_secret=s, server_secret=f"s{n}") for n, s in enumerate(secrets)])
+    queries = [b"token=" + s.encode() for s in secrets] + [b"token=caf\xe9", b"token=s0", b"token=", b"x=1&token=js"]
+    for query in queries:
+        plain = plain_query_token(query)
+        expected = table.require_client(plain) if plain is not None and table.client(plain) else None
+        assert table.by_plain_query.get(query) == expected, query
+    # Query strings are read as latin-1: "café" arrives as b"caf\xe9" when not percent-encoded.
+    assert sorted(table.by_plain_query) == [b"token=caf\xe9", b"token=js", b"token=s p"]
 
 
 def test_token_table_separates_client_and_server_secrets() -> None:

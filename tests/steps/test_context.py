@@ -1,4 +1,5 @@
 import json
+import os
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -6,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from eventspark.steps.context import client_ip, enrich_context, format_timestamp, merge_template
+from eventspark.steps.context import (
+    client_ip,
+    enrich_context,
+    format_timestamp,
+    merge_template,
+    new_event_id,
+    utc_timestamp,
+)
 
 VECTORS = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
 NOW = datetime(2020, 6, 16, 23, 0, 0, tzinfo=UTC)
@@ -58,9 +66,7 @@ def test_eventnative_template_vector() -> None:
 def test_format_timestamp() -> None:
     assert format_timestamp(NOW) == "2020-06-16T23:00:00.000000Z"
     moscow = timezone(timedelta(hours=3))
-    assert (
-        format_timestamp(datetime(2021, 1, 1, 2, 30, 5, 42, tzinfo=moscow)) == "2020-12-31T23:30:05.000042Z"
-    )
+    assert format_timestamp(datetime(2021, 1, 1, 2, 30, 5, 42, tzinfo=moscow)) == "2020-12-31T23:30:05.000042Z"
     assert format_timestamp(datetime(2021, 1, 1, 2, 30, 5)) == "2021-01-01T02:30:05.000000Z"
 
 
@@ -70,6 +76,54 @@ def test_format_timestamp_formats_each_datetime_afresh() -> None:
     texts = [format_timestamp(moment) for moment in (NOW, NOW, later, NOW, later.replace(tzinfo=None))]
     first, second = "2020-06-16T23:00:00.000000Z", "2020-06-16T23:00:00.000001Z"
     assert texts == [first, first, second, first, second]
+
+
+def test_utc_timestamp_formats_like_format_timestamp_across_seconds() -> None:
+    # The date and time are cached per second: a new second, later or earlier, must replace them.
+    second = 1_718_578_799 * 10**9  # 2024-06-16T22:59:59Z
+    moments = [second + 999_999_999, second + 10**9, second + 10**9 + 1_999, second + 5_000, second - 1, 0]
+    texts = [utc_timestamp(ns) for ns in moments]
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert texts == [format_timestamp(epoch + timedelta(microseconds=ns // 1000)) for ns in moments]
+    assert texts[:2] == ["2024-06-16T22:59:59.999999Z", "2024-06-16T23:00:00.000000Z"]
+    assert texts[-1] == "1970-01-01T00:00:00.000000Z"
+
+
+def test_utc_timestamp_is_now() -> None:
+    before = datetime.now(UTC)
+    stamp = datetime.strptime(utc_timestamp(), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    assert before <= stamp <= datetime.now(UTC)
+
+
+def test_a_given_timestamp_wins_over_now() -> None:
+    event = enrich_context({}, token="t", source_ip="", user_agent=None, server_side=True, now=NOW, timestamp="x")
+    assert event["_timestamp"] == "x"
+
+
+def test_new_event_ids_are_unique_version_4_uuids() -> None:
+    ids = [new_event_id() for _ in range(300)]  # several batches of random bytes
+    assert len(set(ids)) == len(ids)
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, text)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_process_never_hands_out_its_parents_ids() -> None:
+    new_event_id()  # the parent now holds ids made in advance
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            os.write(write, new_event_id().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child_id = os.read(read, 100).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert uuid.UUID(child_id).version == 4
+    assert child_id != new_event_id()
 
 
 @pytest.mark.parametrize(
@@ -114,9 +168,7 @@ def test_s2s_sets_src_api_and_keeps_body_user_agent() -> None:
 
 @pytest.mark.parametrize("header", [None, ""])
 def test_js_without_user_agent_header_keeps_body_value(header: str | None) -> None:
-    flat = enrich_context(
-        {"user_agent": "sdk"}, token="t", source_ip="", user_agent=header, server_side=False
-    )
+    flat = enrich_context({"user_agent": "sdk"}, token="t", source_ip="", user_agent=header, server_side=False)
     nested = enrich_context(
         {"eventn_ctx": {"user_agent": "sdk"}}, token="t", source_ip="", user_agent=header, server_side=False
     )

@@ -11,6 +11,8 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from eventspark.steps.context import client_ip
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -104,6 +106,25 @@ class Request:
         return client[0] if client else None
 
 
+def sender(scope: Scope, headers: dict[bytes, bytes], server_side: bool) -> tuple[str, str | None]:
+    """(source IP, User-Agent for JS endpoints) of a request."""
+    client = scope.get("client")
+    ip = client[0] if client else ""
+    if b"x-real-ip" in headers or b"x-forwarded-for" in headers:
+        ip = client_ip(_proxy_headers(headers), ip)
+    if server_side:
+        return ip, None
+    agent = headers.get(b"user-agent")
+    return ip, None if agent is None else agent.decode("utf-8", "replace")
+
+
+def _proxy_headers(headers: dict[bytes, bytes]) -> dict[str, str]:
+    return {
+        "x-real-ip": headers.get(b"x-real-ip", b"").decode("latin-1"),
+        "x-forwarded-for": headers.get(b"x-forwarded-for", b"").decode("latin-1"),
+    }
+
+
 def parse_query(raw: bytes) -> list[tuple[str, str]]:
     """Query pairs in order; plain `a=b&c=d` strings skip the general (slower) decoder."""
     if not raw:
@@ -114,9 +135,11 @@ def parse_query(raw: bytes) -> list[tuple[str, str]]:
     return [(key, value) for key, _, value in (part.partition("=") for part in text.split("&") if part)]
 
 
-async def read_body(request: Request, limit: int, setting: str = "server.max_event_size") -> bytes:
+async def read_body(
+    receive: Receive, headers: dict[bytes, bytes], limit: int, setting: str = "server.max_event_size"
+) -> bytes:
     """The whole body; 413 as soon as it is known to exceed `limit` bytes (named by `setting`)."""
-    message = await request.receive()
+    message = await receive()
     body: bytes = message.get("body", b"")
     if not message.get("more_body", False):  # the usual case: the server has the whole body
         if len(body) > limit:
@@ -124,17 +147,17 @@ async def read_body(request: Request, limit: int, setting: str = "server.max_eve
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
         return body
-    declared = request.headers.get(b"content-length")
+    declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit, setting)
-    return await _read_chunks(request, body, limit, setting)
+    return await _read_chunks(receive, body, limit, setting)
 
 
-async def _read_chunks(request: Request, first: bytes, limit: int, setting: str) -> bytes:
+async def _read_chunks(receive: Receive, first: bytes, limit: int, setting: str) -> bytes:
     chunks = [first]
     size = len(first)
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
         chunk = message.get("body", b"")

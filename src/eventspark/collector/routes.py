@@ -7,15 +7,27 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from eventspark.collector import bulk, pixel
-from eventspark.collector.auth import PREFLIGHT_HEADERS, check_admin, cors_headers, request_token
+from eventspark.collector.auth import (
+    PREFLIGHT_HEADERS,
+    OriginRules,
+    Token,
+    check_admin,
+    cors_headers,
+    origin_headers,
+    request_token,
+)
 from eventspark.collector.body import events_of, parse_events
 from eventspark.collector.http import (
     JSON_TYPE,
+    Headers,
     HTTPError,
+    Receive,
     Request,
     Response,
+    Scope,
     json_response,
     read_body,
+    sender,
 )
 from eventspark.collector.metrics import CONTENT_TYPE as METRICS_TYPE
 from eventspark.coordination.base import CoordinationError
@@ -28,7 +40,8 @@ Handler = Callable[["CollectorApp", Request], Awaitable[Response]]
 OK = b'{"status":"ok"}'
 OK_RESPONSE = Response(200, OK, [JSON_TYPE])
 MAX_CACHED_ORIGINS = 1024
-_OK_BY_ORIGIN: dict[bytes, Response] = {}
+_NO_ORIGIN_ANSWER: tuple[Response, Headers] = (OK_RESPONSE, [])
+_JS_ANSWERS: dict[tuple[OriginRules, bytes], tuple[Response, Headers]] = {}
 RANDOM_URL_PREFIX = "/api."
 """`/api.<anything>?p_<anything>=<token>`: the ad-blocker-proof JS endpoint."""
 
@@ -39,27 +52,41 @@ RANDOM_URL_PREFIX = "/api."
 async def js_event(app: CollectorApp, request: Request) -> Response:
     """POST /api/v1/event and /api.*: a browser's events, client secret, CORS."""
     token, secret = app.tokens.require_client(request_token(request))
-    origin = request.headers.get(b"origin")
-    cors = cors_headers(request, token.origins) if origin is not None else []
+    return await client_events(app, token, secret, request.headers, request.scope, request.receive)
+
+
+async def client_events(
+    app: CollectorApp, token: Token, secret: str, headers: dict[bytes, bytes], scope: Scope, receive: Receive
+) -> Response:
+    """`js_event` once the token is known; the app calls it directly for `?token=<client secret>`."""
+    ok, cors = js_answer(token.origins, headers.get(b"origin"))
     try:
         route = app.route(token)
-        events = parse_events(await read_body(request, app.max_event_size))
-        if app.accept(request, route, token, secret, events, server_side=False):
+        events = parse_events(await read_body(receive, headers, app.max_event_size))
+        if app.accept(route, token, secret, events, scope, headers, server_side=False):
             await app.sync(route)
     except HTTPError as exc:
         raise exc.known(token.id, cors) from None
-    return _ok_for_origin(origin) if cors else OK_RESPONSE
+    return ok
 
 
-def _ok_for_origin(origin: bytes) -> Response:
-    """The 200 answer echoing an allowed Origin; kept, since a site's events come from few origins."""
-    response = _OK_BY_ORIGIN.get(origin)
-    if response is None:
-        if len(_OK_BY_ORIGIN) >= MAX_CACHED_ORIGINS:  # origins are untrusted input: bound the cache
-            _OK_BY_ORIGIN.clear()
-        headers = [*OK_RESPONSE.headers, (b"access-control-allow-origin", origin)]
-        response = _OK_BY_ORIGIN[origin] = Response.prebuilt(200, OK, headers)
-    return response
+def js_answer(rules: OriginRules, origin: bytes | None) -> tuple[Response, Headers]:
+    """(the 200 answer, the CORS headers of an error answer) for a JS request from `origin`.
+
+    Kept per token and origin, since a site's events come from few origins; origins are
+    untrusted input, so the cache is bounded.
+    """
+    if origin is None:
+        return _NO_ORIGIN_ANSWER
+    key = (rules, origin)
+    answer = _JS_ANSWERS.get(key)
+    if answer is None:
+        if len(_JS_ANSWERS) >= MAX_CACHED_ORIGINS:
+            _JS_ANSWERS.clear()
+        cors = origin_headers(origin, rules)
+        ok = Response.prebuilt(200, OK, [*OK_RESPONSE.headers, *cors]) if cors else OK_RESPONSE
+        answer = _JS_ANSWERS[key] = (ok, cors)
+    return answer
 
 
 async def s2s_event(app: CollectorApp, request: Request) -> Response:
@@ -67,8 +94,8 @@ async def s2s_event(app: CollectorApp, request: Request) -> Response:
     token, secret = app.tokens.require_server(request_token(request))
     try:
         route = app.route(token)
-        events = parse_events(await read_body(request, app.max_event_size))
-        if app.accept(request, route, token, secret, events, server_side=True):
+        events = parse_events(await read_body(request.receive, request.headers, app.max_event_size))
+        if app.accept(route, token, secret, events, request.scope, request.headers, server_side=True):
             await app.sync(route)
     except HTTPError as exc:
         raise exc.known(token.id) from None
@@ -80,8 +107,9 @@ async def bulk_upload(app: CollectorApp, request: Request) -> Response:
     token, secret = app.tokens.require_server(request_token(request))
     try:
         route = app.route(token)
-        body = await read_body(request, bulk.bulk_limit(app.max_event_size), "64 × server.max_event_size")
-        ip, _ = app.sender(request, server_side=True)
+        limit = bulk.bulk_limit(app.max_event_size)
+        body = await read_body(request.receive, request.headers, limit, "64 × server.max_event_size")
+        ip, _ = sender(request.scope, request.headers, server_side=True)
         content_type = request.header(b"content-type")
         # Parsing and enriching a large upload would stall other requests: done on a thread.
         lines, count = await asyncio.to_thread(_bulk_lines, app, body, content_type, secret, ip)
@@ -105,7 +133,7 @@ async def pixel_gif(app: CollectorApp, request: Request) -> Response:
     cors = cors_headers(request, token.origins)
     try:
         route = app.route(token)
-        if app.accept(request, route, token, secret, events, server_side=False):
+        if app.accept(route, token, secret, events, request.scope, request.headers, server_side=False):
             await app.sync(route)
     except HTTPError as exc:
         raise exc.known(token.id, cors) from None

@@ -30,22 +30,43 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from time import time_ns
 from typing import Any
 
-__all__ = ["client_ip", "enrich_context", "format_timestamp", "merge_template", "new_event_id"]
+__all__ = ["client_ip", "enrich_context", "format_timestamp", "merge_template", "new_event_id", "utc_timestamp"]
 
 _EVENTN_CTX = "eventn_ctx"
 _FLAT_ID_KEY = "eventn_ctx_event_id"
 
 
+_IDS_PER_BATCH = 64
+_id_pool: list[str] = []
+
+
 def new_event_id() -> str:
     """A random (version 4) UUID in canonical text form: the default event id generator.
 
-    Same format and randomness source as ``str(uuid.uuid4())`` at half the cost; the
-    variant nibble is ``8``-``b`` as RFC 4122 requires.
+    Same format and randomness source (``os.urandom``) as ``str(uuid.uuid4())``, made 64 at a
+    time from one read of random bytes; the variant nibble is ``8``-``b`` as RFC 4122 requires.
+    `list.pop` is atomic, so threads (bulk uploads) never share an id.
     """
-    h = os.urandom(16).hex()
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
+    try:
+        return _id_pool.pop()
+    except IndexError:
+        _id_pool.extend(_random_ids(_IDS_PER_BATCH))
+        return _id_pool.pop()
+
+
+def _random_ids(count: int) -> list[str]:
+    hexed = os.urandom(16 * count).hex()
+    return [
+        f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
+        for h in (hexed[i : i + 32] for i in range(0, 32 * count, 32))
+    ]
+
+
+# A forked worker must not hand out the ids its parent already holds.
+os.register_at_fork(after_in_child=_id_pool.clear)
 
 
 # The last datetime formatted and its text. The events of one request share one ``now``, so a
@@ -75,6 +96,28 @@ def format_timestamp(dt: datetime) -> str:
     return text
 
 
+# The current second and its ``2006-01-02T15:04:05`` text: formatting the date and time costs
+# more than the rest of ContextEnrichment, and every event of the same second shares it.
+# Replacing the tuple is atomic for threads.
+_second_text: tuple[int, str] = (-1, "")
+_THREE_DIGITS = [f"{n:03d}" for n in range(1000)]
+"""Milliseconds and microseconds by table look-up: cheaper than %-formatting them."""
+
+
+def utc_timestamp(ns: int | None = None) -> str:
+    """``now`` (or ``ns`` nanoseconds since the epoch) as ``format_timestamp`` writes it (UTC).
+
+    The same clock as ``datetime.now``, truncated to microseconds like it, at a quarter of the cost.
+    """
+    global _second_text
+    second, fraction = divmod(time_ns() if ns is None else ns, 1_000_000_000)
+    cached, text = _second_text
+    if second != cached:
+        text = format_timestamp(datetime.fromtimestamp(second, UTC))[:19]
+        _second_text = (second, text)
+    return f"{text}.{_THREE_DIGITS[fraction // 1_000_000]}{_THREE_DIGITS[fraction // 1000 % 1000]}Z"
+
+
 def client_ip(headers: Mapping[str, str], peer: str | None) -> str:
     """The client address: ``X-Real-IP``, else the first ``X-Forwarded-For`` entry, else ``peer``.
 
@@ -101,14 +144,19 @@ def enrich_context(
     server_side: bool,
     now: datetime | None = None,
     new_id: Callable[[], str] = new_event_id,
+    timestamp: str | None = None,
 ) -> dict[str, Any]:
     """Apply ContextEnrichment to ``event`` in place and return it (rules: module docstring).
 
-    ``server_side`` is True for the s2s endpoint, False for the JS endpoints; ``now`` defaults
-    to the current time and ``new_id`` to a random UUID, both injectable for tests.
+    ``server_side`` is True for the s2s endpoint, False for the JS endpoints. ``_timestamp`` is
+    ``timestamp`` when given (text from `utc_timestamp`, shared by the events of a request),
+    else ``now`` formatted, else the current time. ``new_id`` defaults to a random UUID; ``now``
+    and ``new_id`` are injectable for tests.
     """
     event["source_ip"] = source_ip
-    event["_timestamp"] = format_timestamp(now if now is not None else datetime.now(UTC))
+    if timestamp is None:
+        timestamp = utc_timestamp() if now is None else format_timestamp(now)
+    event["_timestamp"] = timestamp
     event["api_key"] = token
     ctx = event.get(_EVENTN_CTX)
     nested = isinstance(ctx, dict)
@@ -121,7 +169,9 @@ def enrich_context(
         if event_id.__class__ is not str or not event_id:  # the usual non-empty string stays as it is
             ctx["event_id"] = _usable_id(event_id) or new_id()
     else:
-        _ensure_flat_id(event, new_id)
+        flat_id = event.get(_FLAT_ID_KEY)
+        if flat_id.__class__ is not str or not flat_id:  # a non-empty string stays as it is
+            _set_flat_id(event, flat_id, new_id)
     return event
 
 
@@ -133,12 +183,13 @@ def _usable_id(value: Any) -> str | None:
     return None
 
 
-def _ensure_flat_id(event: dict[str, Any], new_id: Callable[[], str]) -> None:
-    existing = _usable_id(event.get(_FLAT_ID_KEY))
-    if existing is not None:
-        event[_FLAT_ID_KEY] = existing
+def _set_flat_id(event: dict[str, Any], flat_id: Any, new_id: Callable[[], str]) -> None:
+    """A flat event's id: its own integer one, else the SDK's `event_id` (moved), else a new one."""
+    if flat_id.__class__ is int:
+        event[_FLAT_ID_KEY] = str(flat_id)
         return
-    event[_FLAT_ID_KEY] = _usable_id(event.pop("event_id", None)) or new_id()
+    sdk_id = event.pop("event_id", None)
+    event[_FLAT_ID_KEY] = sdk_id if sdk_id.__class__ is str and sdk_id else _usable_id(sdk_id) or new_id()
 
 
 def merge_template(template: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
