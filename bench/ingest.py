@@ -41,7 +41,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +97,11 @@ class Baseline:
     """The least a collector does: parse, (optionally) enrich, re-serialise, append, answer."""
 
     def __init__(self, path: Path, enrich: bool) -> None:
-        from eventspark.steps.context import enrich_context
+        from eventspark.steps.context import enrich_context, utc_timestamp
 
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.enrich = enrich_context if enrich else None
+        self.timestamp = utc_timestamp
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -118,8 +118,9 @@ class Baseline:
         event = orjson.loads(body)
         if self.enrich is not None:  # the floor: the baseline plus the step every accepted event needs
             agent = dict(scope["headers"]).get(b"user-agent", b"").decode()
-            now = datetime.now(UTC)
-            self.enrich(event, token="t", source_ip=scope["client"][0], user_agent=agent, server_side=False, now=now)
+            stamp = self.timestamp()  # as the collector does: one formatted `_timestamp` per request
+            ip = scope["client"][0]
+            self.enrich(event, token="t", source_ip=ip, user_agent=agent, server_side=False, timestamp=stamp)
         os.write(self.fd, orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE))
         headers = [(b"content-type", b"application/json"), (b"content-length", b"15")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})

@@ -33,6 +33,7 @@ from eventspark.collector.http import (
 )
 from eventspark.collector.metrics import CollectorMetrics
 from eventspark.collector.multiplex import Route, build_routes
+from eventspark.collector.proxies import TrustedProxies
 from eventspark.config.models import Config
 from eventspark.logs.incoming import IncomingLogs
 from eventspark.steps.context import enrich_context, utc_timestamp
@@ -57,6 +58,7 @@ class CollectorApp:
         self.max_event_size = config.server.max_event_size
         self.admin_token = config.server.admin_token
         self.tokens = TokenTable(config.api_keys)
+        self.proxies = TrustedProxies(config.server.trusted_proxies)
         self._plain_queries = self.tokens.by_plain_query
         self.log_path = Path(config.log.path)
         self.logs = IncomingLogs(self.log_path / "incoming", worker, fsync=config.server.fsync)
@@ -223,7 +225,7 @@ class CollectorApp:
 
         Not a coroutine: without `server.fsync` a request needs no second await.
         """
-        ip, user_agent = sender(scope, headers, server_side)
+        ip, user_agent = sender(scope, headers, server_side, self.proxies)
         count = len(events)
         self.write(route, token, self.prepare(events, secret, ip, user_agent, server_side), count)
         return count > 0 and self.group_commit is not None

@@ -11,7 +11,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from eventspark.steps.context import client_ip
+from eventspark.collector.proxies import TrustedProxies
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -106,23 +106,18 @@ class Request:
         return client[0] if client else None
 
 
-def sender(scope: Scope, headers: dict[bytes, bytes], server_side: bool) -> tuple[str, str | None]:
+def sender(
+    scope: Scope, headers: dict[bytes, bytes], server_side: bool, proxies: TrustedProxies
+) -> tuple[str, str | None]:
     """(source IP, User-Agent for JS endpoints) of a request."""
     client = scope.get("client")
     ip = client[0] if client else ""
     if b"x-real-ip" in headers or b"x-forwarded-for" in headers:
-        ip = client_ip(_proxy_headers(headers), ip)
+        ip = proxies.client_ip(ip, headers)
     if server_side:
         return ip, None
     agent = headers.get(b"user-agent")
     return ip, None if agent is None else agent.decode("utf-8", "replace")
-
-
-def _proxy_headers(headers: dict[bytes, bytes]) -> dict[str, str]:
-    return {
-        "x-real-ip": headers.get(b"x-real-ip", b"").decode("latin-1"),
-        "x-forwarded-for": headers.get(b"x-forwarded-for", b"").decode("latin-1"),
-    }
 
 
 def parse_query(raw: bytes) -> list[tuple[str, str]]:

@@ -109,7 +109,7 @@ async def bulk_upload(app: CollectorApp, request: Request) -> Response:
         route = app.route(token)
         limit = bulk.bulk_limit(app.max_event_size)
         body = await read_body(request.receive, request.headers, limit, "64 × server.max_event_size")
-        ip, _ = sender(request.scope, request.headers, server_side=True)
+        ip, _ = sender(request.scope, request.headers, True, app.proxies)
         content_type = request.header(b"content-type")
         # Parsing and enriching a large upload would stall other requests: done on a thread.
         lines, count = await asyncio.to_thread(_bulk_lines, app, body, content_type, secret, ip)

@@ -7,6 +7,7 @@ rather than rejected or silently dropped.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -63,6 +64,21 @@ class ServerConfig(Section):
     max_event_size: int = Field(default=1024 * 1024, ge=1024, description="Largest accepted body in bytes")
     fsync: bool = Field(default=False, description="fsync incoming logs (group commit) before answering")
     workers: int = Field(default=1, ge=1, description="collector worker processes")
+    trusted_proxies: list[str] | None = Field(
+        default=None,
+        description="addresses or CIDRs whose X-Real-IP / X-Forwarded-For are believed; unset: any peer's",
+    )
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str] | None) -> list[str] | None:
+        for entry in value or ():
+            try:
+                ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or CIDR network") from None
+        return value
+
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     auth: list[ApiKey] = Field(default_factory=list, description="EventNative 1.30 place for api_keys")
 
