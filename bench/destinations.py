@@ -291,8 +291,11 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=500_000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--verbose", "-v", action="store_true", help="log the phases of each pass")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    if args.verbose:
+        logging.getLogger("eventspark").setLevel(logging.INFO)
     work = Path(tempfile.mkdtemp(prefix="eventspark-bench-"))
     wh = Warehouse(args.destination, work)
     wh.start()

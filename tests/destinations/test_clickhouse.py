@@ -10,12 +10,12 @@ import pytest
 
 from eventspark.config.models import ClickHouseDestination
 from eventspark.destinations import build_destination
-from eventspark.destinations.base import ORDER_COLUMN, Load, TerminalError, TransientError
+from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, TerminalError, TransientError
 from eventspark.destinations.clickhouse.adapter import ClickHouseAdapter, key_columns
 from eventspark.destinations.clickhouse.ddl import add_column_statements, create_statements
 from eventspark.destinations.clickhouse.http import Client, _server_error, parse_dsn
-from eventspark.destinations.clickhouse.load import data_type_of
-from eventspark.steps.diff import TablePatch
+from eventspark.destinations.clickhouse.load import casts_cannot_fail, data_type_of
+from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
 from tests.destinations.conftest import ClickHouseServer
 from tests.destinations.contract import AdapterContract
@@ -452,3 +452,17 @@ def test_batch_with_the_server_down_keeps_the_log_then_loads_it(
     assert not down.ok and log.exists()
     assert _batch(spark, loaded).ok and not log.exists()
     assert clickhouse_server.query(f"SELECT count() FROM `{clickhouse_db}`.t") == [[5]]
+
+
+def test_rows_skip_the_prepared_table_only_when_no_cast_can_fail() -> None:
+    columns = {"n": "Nullable(Int64)", "f": "Float64", "s": "Nullable(String)", "ts": "DateTime", "d": "Decimal(9,2)"}
+    table = Table("t", dict(columns))
+
+    def safe(*stages: dict[str, DataType]) -> bool:
+        chunks = [StagedChunk(f"c{i}", stage, 1) for i, stage in enumerate(stages)]
+        load = Load("d", table, chunks, [])
+        return casts_cannot_fail(load, [c for c in columns if any(c in s for s in stages)])
+
+    assert safe({"n": DataType.BOOL, "f": DataType.INT64}, {"s": DataType.FLOAT64, "ts": DataType.TIMESTAMP})
+    assert not safe({"n": DataType.STRING})  # text into a number can be refused
+    assert not safe({"f": DataType.INT64}, {"d": DataType.FLOAT64})  # a literal Decimal can overflow

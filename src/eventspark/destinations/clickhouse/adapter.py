@@ -45,7 +45,7 @@ from eventspark.destinations.clickhouse.ddl import (
 )
 from eventspark.destinations.clickhouse.dialect import DIALECT
 from eventspark.destinations.clickhouse.http import Client, Endpoint, error_code, parse_dsn
-from eventspark.destinations.clickhouse.load import data_type_of, prepare_select
+from eventspark.destinations.clickhouse.load import casts_cannot_fail, data_type_of, prepare_select
 from eventspark.destinations.staging import (
     StagingTableAdapter,
     is_user_table,
@@ -235,11 +235,15 @@ class ClickHouseAdapter(StagingTableAdapter):
         doing = f"loading table {load.table.name!r}"
         if load.chunks:
             columns = load_columns(load)
-            prepared = self._name(f"{load.chunks[0].ref}_load")
-            self._prepare_rows(client, load, columns, prepared, doing)
             names = ", ".join(quote(c) for c in columns)
             target = self.layout.insert_target(load.table.name)
-            client.execute(f"INSERT INTO {target} ({names}) SELECT {names} FROM {prepared}", doing=doing)
+            if casts_cannot_fail(load, columns):
+                source = {chunk.ref: self._name(chunk.ref) for chunk in load.chunks}
+                client.execute(f"INSERT INTO {target} ({names}) {prepare_select(load, columns, source)}", doing=doing)
+            else:
+                prepared = self._name(f"{load.chunks[0].ref}_load")
+                self._prepare_rows(client, load, columns, prepared, doing)
+                client.execute(f"INSERT INTO {target} ({names}) SELECT {names} FROM {prepared}", doing=doing)
         if load.files:
             markers = [[load.dest_id, f, load.table.name] for f in load.files]
             body = encode_rows(markers, [STAGE_ENCODERS[DataType.STRING]] * 3)

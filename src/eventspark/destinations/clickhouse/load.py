@@ -5,6 +5,11 @@ the target column's type here; for a non-nullable column a NULL becomes the type
 (`assumeNotNull(CAST(NULL AS Nullable(T)))`: 0, '', the zero date). Text going to a non-text
 column is cast *after* replacing NULL, because ClickHouse 18 casts unparsable text to NULL when
 the cast goes to a Nullable type but raises when it does not: a bad value must fail the load.
+
+ClickHouse has no transaction to undo half an INSERT ... SELECT, so when a cast can be refused the
+casts go into a prepared table first and only a fully cast copy reaches the target. When every
+staged column meets a target type that takes any of its values (`casts_cannot_fail`), the cast
+rows go straight into the target: one copy of the data fewer.
 """
 
 from __future__ import annotations
@@ -14,6 +19,15 @@ from eventspark.destinations.clickhouse.ddl import base_type, quote
 from eventspark.steps.typing import DataType
 
 _TEXT_STAGES = (DataType.STRING, DataType.TIMESTAMP)
+# Stage type → the target column types (inside Nullable) its cast can never refuse. A staged
+# TIMESTAMP is RFC 3339 text the executor has already parsed.
+_SAFE_TARGETS: dict[DataType, frozenset[str]] = {
+    DataType.BOOL: frozenset({"UInt8", "Int64", "Float64", "String"}),
+    DataType.INT64: frozenset({"Int64", "Float64", "String"}),
+    DataType.FLOAT64: frozenset({"Float64", "String"}),
+    DataType.STRING: frozenset({"String"}),
+    DataType.TIMESTAMP: frozenset({"DateTime", "String"}),
+}
 
 
 def default_of(sql_type: str) -> str:
@@ -40,6 +54,16 @@ def value_expr(column: str, stage: DataType | None, target_sql: str, target: Dat
     else:
         value = f"CAST({column} AS Nullable({inner}))"
     return value if nullable else f"ifNull({value}, {default_of(inner)})"
+
+
+def casts_cannot_fail(load: Load, columns: list[str]) -> bool:
+    """True when no staged value can be refused by its target column's type (module docstring)."""
+    for chunk in load.chunks:
+        for name in columns:
+            stage = chunk.columns.get(name)
+            if stage is not None and base_type(load.table.columns[name])[0] not in _SAFE_TARGETS[stage]:
+                return False
+    return True
 
 
 def prepare_select(load: Load, columns: list[str], source: dict[str, str]) -> str:
