@@ -310,12 +310,10 @@ class MySQLAdapter(StagingTableAdapter):
     def commit(self, load: Load) -> None:
         markers = [(load.dest_id, f, load.table.name) for f in load.files]
         with self._cursor(f"loading table {load.table.name!r}") as cur:
-            statement = (
-                sql.insert_select(load, self._name(load.table.name), lambda c: self._name(c.ref)) if load.chunks else ""
-            )
+            statements = sql.insert_select(load, self._name(load.table.name), lambda c: self._name(c.ref))
             cur.connection.begin()
             try:
-                if statement:
+                for statement in statements:
                     cur.execute(statement)
                 if markers:
                     loads = pct(self._name(LOADS_TABLE))

@@ -68,18 +68,23 @@ def key_column_type(sql_type: str) -> str:
     return KEY_TEXT_TYPE if type_family(sql_type)[0] in TEXT_FAMILIES else sql_type
 
 
-def insert_select(load: Load, target: str, source: Callable[[StagedChunk], str]) -> str:
-    """One INSERT ... SELECT of every chunk; with a primary key an upsert where rows are applied
-    in the order column's order, so the last event of a key wins."""
+def insert_select(load: Load, target: str, source: Callable[[StagedChunk], str]) -> list[str]:
+    """The INSERT ... SELECT statements of a commit (run in one transaction).
+
+    Without a primary key, one statement per chunk straight from its staging table: a UNION ALL
+    of the chunks would be materialised by the server first (on disk, as the rows hold TEXT),
+    writing every row twice. With a key, one upsert of every chunk in the order column's order, so
+    that the last event of a key wins.
+    """
     columns = load_columns(load)
+    names = ", ".join(quote(c) for c in columns)
     keys = load.table.primary_keys
-    keep_order = load.ordered and bool(keys)
-    branches = " UNION ALL ".join(_branch(load, chunk, columns, source(chunk), keep_order) for chunk in load.chunks)
-    names = ", ".join(f"c{i}" for i in range(len(columns)))
-    statement = f"INSERT INTO {target} ({', '.join(quote(c) for c in columns)}) SELECT {names} FROM ({branches}) AS s"
-    if keep_order:
-        statement += " ORDER BY s.seq"
-    return statement + upsert_clause(columns, keys)
+    if not (load.ordered and keys):
+        return [f"INSERT INTO {target} ({names}) {_branch(load, c, columns, source(c), False)}" for c in load.chunks]
+    branches = " UNION ALL ".join(_branch(load, chunk, columns, source(chunk), True) for chunk in load.chunks)
+    aliases = ", ".join(f"c{i}" for i in range(len(columns)))
+    statement = f"INSERT INTO {target} ({names}) SELECT {aliases} FROM ({branches}) AS s ORDER BY s.seq"
+    return [statement + upsert_clause(columns, keys)]
 
 
 def upsert_clause(columns: Sequence[str], keys: Sequence[str]) -> str:
