@@ -98,9 +98,7 @@ def run_stages(lines: list[bytes], chain: DestinationChain, stages: int) -> Head
         event = orjson.loads(line)
         if stages < 2:
             continue
-        enrich_context(
-            event, token="bench-token", source_ip="203.0.113.9", user_agent=None, server_side=False, now=now
-        )
+        enrich_context(event, token="bench-token", source_ip="203.0.113.9", user_agent=None, server_side=False, now=now)
         if stages < 3:
             continue
         table = chain.template.render(event)

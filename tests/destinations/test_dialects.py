@@ -20,9 +20,7 @@ ORDER = (DataType.BOOL, DataType.INT64, DataType.FLOAT64, DataType.STRING, DataT
 
 dialects = [get_dialect(name) for name in DIALECT_NAMES]
 identifiers = st.text(
-    alphabet=st.characters(
-        blacklist_categories=("Cs",), blacklist_characters="".join(map(chr, range(32))) + "\x7f"
-    ),
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="".join(map(chr, range(32))) + "\x7f"),
     min_size=1,
     max_size=20,
 )
@@ -127,6 +125,5 @@ def test_duckdb_accepts_its_types_and_quoted_names() -> None:
         described = con.execute(f"DESCRIBE {table}").fetchall()
     assert [row[0] for row in described] == list(names.values())
     assert [row[1] for row in described] == [
-        {"TIMESTAMPTZ": "TIMESTAMP WITH TIME ZONE"}.get(sql, sql)
-        for sql in (dialect.types[t] for t in DataType)
+        {"TIMESTAMPTZ": "TIMESTAMP WITH TIME ZONE"}.get(sql, sql) for sql in (dialect.types[t] for t in DataType)
     ]

@@ -19,9 +19,7 @@ key_sets = st.lists(st.sampled_from("abcdefgh"), max_size=3, unique=True).map(tu
 def test_missing_table_is_created_with_every_column_and_key() -> None:
     wanted = Table("events", {"id": "text", "n": "bigint"}, ("id",))
     patch = diff(None, wanted)
-    assert patch == TablePatch(
-        "events", create=True, add_columns={"id": "text", "n": "bigint"}, primary_keys=("id",)
-    )
+    assert patch == TablePatch("events", create=True, add_columns={"id": "text", "n": "bigint"}, primary_keys=("id",))
     assert not patch.is_empty
 
 

@@ -84,9 +84,7 @@ def test_pop_path_root_takes_everything() -> None:
     assert event == {}
 
 
-_keys = st.lists(
-    st.text(alphabet="abcxyz_ 1", min_size=1).map(str.strip).filter(bool), min_size=1, max_size=4
-)
+_keys = st.lists(st.text(alphabet="abcxyz_ 1", min_size=1).map(str.strip).filter(bool), min_size=1, max_size=4)
 
 
 @given(

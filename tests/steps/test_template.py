@@ -155,9 +155,7 @@ def test_missing_key_is_false() -> None:
     assert raw("{{if .v}}yes{{else}}no{{end}}", {}) == "no"
 
 
-@pytest.mark.parametrize(
-    ("kind", "expected"), [("a", "first"), ("b", "second"), ("c", "third"), ("z", "other")]
-)
+@pytest.mark.parametrize(("kind", "expected"), [("a", "first"), ("b", "second"), ("c", "third"), ("z", "other")])
 def test_else_if_chain(kind: str, expected: str) -> None:
     source = '{{if eq .k "a"}}first{{else if eq .k "b"}}second{{else if eq .k "c"}}third{{else}}other{{end}}'
     assert raw(source, {"k": kind}) == expected
@@ -277,9 +275,7 @@ def test_len_counts_items_and_utf8_bytes(source: str, expected: str) -> None:
     assert raw(source) == expected
 
 
-@pytest.mark.parametrize(
-    ("source", "message"), [("{{len .n}}", "len of type int"), ("{{len .x}}", "len of nil")]
-)
+@pytest.mark.parametrize(("source", "message"), [("{{len .n}}", "len of type int"), ("{{len .x}}", "len of nil")])
 def test_len_errors(source: str, message: str) -> None:
     with pytest.raises(TemplateEvalError, match=message):
         raw(source)

@@ -26,14 +26,10 @@ from eventspark.steps.typing import (
 TESTDATA = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
 
 types = st.sampled_from(list(DataType))
-aware_datetimes = st.datetimes(
-    min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC)
-)
+aware_datetimes = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC))
 int64s = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 finite_floats = st.floats(allow_nan=False, allow_infinity=False)
-json_scalars = st.one_of(
-    st.booleans(), int64s, finite_floats, st.text(), aware_datetimes.map(format_timestamp)
-)
+json_scalars = st.one_of(st.booleans(), int64s, finite_floats, st.text(), aware_datetimes.map(format_timestamp))
 
 
 # --- promotion -------------------------------------------------------------------------------
@@ -208,9 +204,7 @@ def test_always_timestamp_names() -> None:
 
 def test_merge_promotes_per_field_and_keeps_sql_type() -> None:
     first = BatchHeader("t", {"a": Field(DataType.INT64), "b": Field(DataType.BOOL, "numeric(2)")})
-    second = BatchHeader(
-        "t", {"a": Field(DataType.TIMESTAMP), "b": Field(DataType.FLOAT64), "c": Field(DataType.BOOL)}
-    )
+    second = BatchHeader("t", {"a": Field(DataType.TIMESTAMP), "b": Field(DataType.FLOAT64), "c": Field(DataType.BOOL)})
     first.merge(second)
     assert first.fields == {
         "a": Field(DataType.STRING),

@@ -55,9 +55,7 @@ class EtcdCoordination:
         self._lease_ttl = max(1, math.ceil(lease_seconds))
         self._heartbeat_ttl = max(1, math.ceil(heartbeat_ttl))
         self._prefix = key_prefix
-        self._client = etcd3gw.Etcd3Client(
-            host=host, port=port, protocol=scheme, timeout=REQUEST_TIMEOUT_SECONDS
-        )
+        self._client = etcd3gw.Etcd3Client(host=host, port=port, protocol=scheme, timeout=REQUEST_TIMEOUT_SECONDS)
         self._node_lease: etcd3gw.Lease | None = None
         self._node_guard = threading.Lock()
 

@@ -91,7 +91,5 @@ class LeaseRenewer:
                 continue
             if not alive:
                 self.lost = True
-                logger.error(
-                    "the lease of %s expired while held: another node may have taken it", self._description
-                )
+                logger.error("the lease of %s expired while held: another node may have taken it", self._description)
                 return

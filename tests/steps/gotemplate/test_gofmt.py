@@ -104,6 +104,4 @@ def test_sprint_spaces_between_non_strings() -> None:
 
 @given(st.integers(), st.integers(min_value=0, max_value=40))
 def test_integer_verbs_agree_with_python(number: int, width: int) -> None:
-    assert sprintf(f"%{width}d|%x|%o", (number, number, number)) == (
-        f"{number:{width}d}|{number:x}|{number:o}"
-    )
+    assert sprintf(f"%{width}d|%x|%o", (number, number, number)) == (f"{number:{width}d}|{number:x}|{number:o}")

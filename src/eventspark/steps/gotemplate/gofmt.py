@@ -83,9 +83,7 @@ def _composite(value: Any, depth: int, show: Any) -> str:
         raise TemplateEvalError("value nested too deeply to print")
     if isinstance(value, dict):
         keys = sorted(value, key=str)
-        return (
-            "map[" + " ".join(f"{show(key, depth + 1)}:{show(value[key], depth + 1)}" for key in keys) + "]"
-        )
+        return "map[" + " ".join(f"{show(key, depth + 1)}:{show(value[key], depth + 1)}" for key in keys) + "]"
     if isinstance(value, list | tuple):
         return "[" + " ".join(show(item, depth + 1) for item in value) + "]"
     if isinstance(value, datetime):

@@ -200,11 +200,7 @@ class _Lexer:
             digits, base, pos = 3, 8, pos - 1
         text = src[pos + 2 : pos + 2 + (digits or 0)]
         try:
-            code = (
-                int(text, base)
-                if digits and len(text) == digits and text.isascii() and text.isalnum()
-                else -1
-            )
+            code = int(text, base) if digits and len(text) == digits and text.isascii() and text.isalnum() else -1
         except ValueError:
             code = -1
         # \x and octal escapes are bytes in Go; only ASCII bytes map cleanly onto text
