@@ -110,7 +110,7 @@ def _branch(load: Load, chunk: StagedChunk, columns: list[str], source: str, kee
     return f"SELECT {', '.join(exprs)} FROM {source}"
 
 
-def _timestamps(values: list[Any]) -> list[str]:
+def _timestamps(values: Sequence[Any]) -> list[str]:
     """RFC 3339 text as MySQL DATETIME text in UTC (MySQL reads no offsets)."""
     out = []
     for v in values:
