@@ -28,8 +28,11 @@ def test_unset_believes_everyone_as_eventnative_did() -> None:
 def test_headers_count_only_from_a_trusted_peer() -> None:
     proxies = TrustedProxies(["10.0.0.0/8", "::1"])
     assert proxies.client_ip("203.0.113.5", headers("1.1.1.1", "2.2.2.2")) == "203.0.113.5"
-    assert proxies.client_ip("10.1.2.3", headers("1.1.1.1", "2.2.2.2")) == "1.1.1.1"
+    # A proxy that only appends to X-Forwarded-For passes the client's own X-Real-IP through.
+    assert proxies.client_ip("10.1.2.3", headers("1.1.1.1", "2.2.2.2")) == "2.2.2.2"
+    assert proxies.client_ip("10.1.2.3", headers("1.1.1.1")) == "1.1.1.1"  # set by the proxy itself
     assert proxies.client_ip("::1", headers(forwarded="2.2.2.2")) == "2.2.2.2"
+    assert proxies.client_ip("::ffff:10.0.0.9", headers(forwarded="2.2.2.2")) == "2.2.2.2"  # dual-stack peer
 
 
 def test_forwarded_for_is_read_from_the_right() -> None:

@@ -16,10 +16,10 @@ import pytest
 
 from eventspark.config.models import MySQLDestination
 from eventspark.destinations import build_destination
-from eventspark.destinations.base import ORDER_COLUMN, Load, TerminalError, TransientError
+from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, TerminalError, TransientError
 from eventspark.destinations.mysql.adapter import MySQLAdapter
-from eventspark.destinations.mysql.load import data_type_of
-from eventspark.steps.diff import TablePatch
+from eventspark.destinations.mysql.load import data_type_of, insert_select
+from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
 from tests.destinations.conftest import MYSQL_HOST, MYSQL_PORT, MYSQL_USER, free_port, mysql_connect
 from tests.destinations.contract import AdapterContract
@@ -291,3 +291,17 @@ def test_batch_with_the_server_down_keeps_the_log_then_loads_it(spark: Any, tmp_
     finally:
         proxy.stop()
     assert rows_of(mysql_db, "SELECT count(*) FROM t") == [(5,)]
+
+
+def test_commit_statements_follow_the_tables_key() -> None:
+    chunks = [
+        StagedChunk("s1", {"id": DataType.STRING, "v": DataType.INT64}, 1),
+        StagedChunk("s2", {"v": DataType.INT64}, 1),
+    ]
+    plain = Table("t", {"id": "VARCHAR(255)", "v": "BIGINT"})
+    statements = insert_select(Load("d", plain, chunks, []), "`t`", lambda c: f"`{c.ref}`")
+    assert len(statements) == 2 and not any("DUPLICATE" in s or "UNION" in s for s in statements)
+    # A key the table has though the config names none (no order column): still an upsert.
+    keyed = Table("t", {"id": "VARCHAR(255)", "v": "BIGINT"}, primary_keys=("id",))
+    (statement,) = insert_select(Load("d", keyed, chunks, []), "`t`", lambda c: f"`{c.ref}`")
+    assert "ON DUPLICATE KEY UPDATE `v` = VALUES(`v`)" in statement and "ORDER BY" not in statement

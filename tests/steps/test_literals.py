@@ -20,11 +20,11 @@ from eventspark.steps.literals import literal_check
         ("varchar(3)", ["abc", "é€x", ""], ["abcd"]),
         ("character varying(2)", ["ab"], ["abc"]),
         ("FixedString(2)", ["ab"], ["é€"]),  # ClickHouse counts bytes
-        ("smallint", ["32767", " -32768 ", "+5"], ["32768", "1.5", "x", "9" * 5000]),
+        ("smallint", ["32767", " -32768 ", "+5", "0" * 5000 + "1"], ["32768", "1.5", "x", "9" * 5000, "１"]),
         ("int", ["2147483647"], ["2147483648"]),
         ("UInt8", ["0", "255"], ["-1", "256"]),
         ("Int64", [str(2**63 - 1)], [str(2**63)]),
-        ("double precision", ["1.5", "-2e300", " 3 "], ["x", "inf", "1_0"]),
+        ("double precision", ["1.5", "-2e300", " 3 ", ".5", "5."], ["x", "inf", "nan", "1_0", "１", "1e999"]),
         ("uuid", ["7f1c9a06-1b3e-4c4f-9d55-1b1a2f6f0a11"], ["not-a-uuid"]),
     ],
 )

@@ -119,8 +119,7 @@ class ChunkBuffer:
             return None
         known = self.existing.get(name, _MISSING) if self.existing else _MISSING
         if known is not _MISSING:
-            if casts and name in casts:
-                self._fixed_type(name, casts)  # a literal cast's check applies to the existing column too
+            # The table's own type decides (its SQL type is not known here, so no literal check).
             return self._fit(values, name, value, known or DataType.STRING)  # type: ignore[arg-type]
         if name in ALWAYS_TIMESTAMP or (casts and name in casts):
             return self._fit(values, name, value, self._fixed_type(name, casts))
@@ -176,7 +175,10 @@ class ChunkBuffer:
         except ValueError as exc:
             return f"column {name!r}: {exc}"
         if check is not None:
-            error = check(staged if type(staged) is str else str(staged))
+            try:
+                error = check(staged if type(staged) is str else str(staged))
+            except Exception as exc:  # one odd value fails its event, never the task
+                error = f"cannot check the value: {type(exc).__name__}: {exc}"
             if error is not None:
                 return f"column {name!r} ({self.sql_types[name]}): {error}"
         return None

@@ -4,7 +4,8 @@ EventNative believes these headers from anyone, so any client can claim any `sou
 geo data looked up from it). With `server.trusted_proxies` set (addresses or CIDR networks of the
 load balancers in front of the collector), the headers count only when the peer is one of them,
 and `X-Forwarded-For` is read from the right: the last address that is not a trusted proxy is the
-client (entries to its left were written by the client itself and prove nothing). Unset, the
+client (entries to its left were written by the client itself and prove nothing). `X-Real-IP`
+counts only when a trusted peer sends no `X-Forwarded-For`. Unset, the
 EventNative rules apply (`steps.context.client_ip`).
 """
 
@@ -34,13 +35,15 @@ class TrustedProxies:
             return client_ip({"x-real-ip": real_ip, "x-forwarded-for": forwarded}, peer)
         if not self.trusts(peer):
             return peer
-        if real_ip.strip():
-            return real_ip.strip()
+        # X-Forwarded-For first: proxies that only append to it (AWS ALB, HAProxy) pass a client's
+        # own X-Real-IP through unchanged, so X-Real-IP counts only when it is the one header set.
         hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
         for hop in reversed(hops):
             if not self.trusts(hop):
                 return hop
-        return hops[0] if hops else peer  # every hop is a proxy of ours: the first one is closest to the client
+        if hops:
+            return hops[0]  # every hop is a proxy of ours: the first one is closest to the client
+        return real_ip.split(",", 1)[0].strip() or peer
 
     def trusts(self, address: str) -> bool:
         known = self._trusted.get(address)
@@ -56,4 +59,6 @@ class TrustedProxies:
             ip = ipaddress.ip_address(address.split("%", 1)[0])  # no IPv6 zone index
         except ValueError:
             return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # a dual-stack listener shows IPv4 peers as ::ffff:a.b.c.d
         return any(ip in network for network in self.networks or ())

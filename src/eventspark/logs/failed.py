@@ -15,6 +15,7 @@ spools can write those lines twice: the failed log is at-least-once, never lossy
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import uuid
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+log = logging.getLogger(__name__)
 
 COPY_CHUNK = 1024 * 1024
 PENDING_DIR = "pending"
@@ -90,15 +93,23 @@ class ParkedSpools:
     spools: tuple[Path, ...]
 
 
-def park_spools(failed_dir: Path, log: str, dest_id: str, table: str, spools: Iterable[Path]) -> ParkedSpools:
+def park_spools(failed_dir: Path, log_name: str, dest_id: str, table: str, spools: list[Path]) -> ParkedSpools:
     """Moves the spools under `failed/pending/` with a manifest naming their pair (module docstring)."""
     folder = failed_dir / PENDING_DIR / uuid.uuid4().hex
     folder.mkdir(parents=True)
-    moved = tuple(_move(spool, folder / f"{index}.log") for index, spool in enumerate(spools))
+    found = [spool for spool in spools if spool.exists()]
+    if len(found) < len(spools):
+        # Only on a cluster whose executors spool to their own disks: log.path must be shared.
+        log.warning(
+            "failed-event spools missing on this node (is log.path shared?): %d of %d",
+            len(spools) - len(found),
+            len(spools),
+        )
+    moved = tuple(_move(spool, folder / f"{index}.log") for index, spool in enumerate(found))
     manifest = folder / "manifest.json"
-    record = {"log": log, "dest": dest_id, "table": table, "spools": [p.name for p in moved]}
+    record = {"log": log_name, "dest": dest_id, "table": table, "spools": [p.name for p in moved]}
     _write_durably(manifest, orjson.dumps(record))
-    return ParkedSpools(manifest, log, dest_id, table, moved)
+    return ParkedSpools(manifest, log_name, dest_id, table, moved)
 
 
 def parked_spools(failed_dir: Path) -> list[ParkedSpools]:

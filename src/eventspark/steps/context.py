@@ -53,8 +53,10 @@ def new_event_id() -> str:
     try:
         return _id_pool.pop()
     except IndexError:
-        _id_pool.extend(_random_ids(_IDS_PER_BATCH))
-        return _id_pool.pop()
+        fresh = _random_ids(_IDS_PER_BATCH)
+        first = fresh.pop()  # not from the shared pool: another thread may empty it meanwhile
+        _id_pool.extend(fresh)
+        return first
 
 
 def _random_ids(count: int) -> list[str]:

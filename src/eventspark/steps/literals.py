@@ -6,11 +6,14 @@ checked before staging, where one bad value fails one event. `literal_check(sql_
 function that returns why a staged text value does not fit, or None when it fits; it is None for
 a type it does not know (that value is left to the warehouse, as before).
 
-The rules are the strictest of the supported warehouses where they differ (Postgres, MySQL in
-strict mode, ClickHouse): a value that passes here is taken by all of them. (ClickHouse would wrap
-an integer out of its range and MySQL round `1.5` into an INT; both are refused here rather than
-stored changed.) Types whose accepted text differs a lot between warehouses (dates, JSON) are
-not checked.
+A value is refused here only when no supported warehouse (Postgres, MySQL in strict mode,
+ClickHouse) would store it as given: text that is not an ASCII number, an integer out of the
+type's range, more integer digits than a decimal's precision allows, text longer than a
+`varchar(n)`, a malformed UUID. (ClickHouse would wrap an integer out of range and MySQL round
+`1.5` into an INT: refused here rather than stored changed.) A value that only some warehouses
+refuse, such as more decimal places than the scale (ClickHouse refuses, Postgres and MySQL round)
+or a float beyond a 4-byte `real`, is left to the warehouse, as before. Types whose accepted text
+differs a lot between warehouses (dates, JSON) are not checked.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ _FLOATS = frozenset({"real", "float4", "float8", "double precision", "double", "
 _DECIMAL = re.compile(r"(?:numeric|decimal)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?", re.ASCII)
 _TEXT = re.compile(r"(?:varchar|character varying|char|character|nvarchar|fixedstring)\s*\(\s*(\d+)\s*\)", re.ASCII)
 _INTEGER_TEXT = re.compile(r"[+-]?\d+", re.ASCII)
+# An ASCII number as SQL reads it: Python's float() and Decimal() also take full-width digits,
+# underscores and "nan"/"inf", which no warehouse does.
+_NUMBER_TEXT = re.compile(r" *[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)? *", re.ASCII)
 _DEFAULT_DECIMAL_PRECISION = 10  # MySQL's DECIMAL without (p,s) is DECIMAL(10,0): the strictest
 
 
@@ -71,11 +77,15 @@ def literal_check(sql_type: str) -> LiteralCheck | None:
 
 def _integer_check(low: int, high: int) -> LiteralCheck:
     def check(text: str) -> str | None:
-        digits = text.strip()
+        digits = text.strip(" ")
         if _INTEGER_TEXT.fullmatch(digits) is None:
             return f"{_show(text)} is not an integer"
         # Longer than any 64-bit integer: no int() of a huge string (Python caps its digits anyway).
-        if len(digits.lstrip("+-").lstrip("0")) > 20 or not low <= int(digits) <= high:
+        significant = digits.lstrip("+-").lstrip("0") or "0"
+        if (
+            len(significant) > 20
+            or not low <= int(digits[0] + significant if digits[0] == "-" else significant) <= high
+        ):
             return f"{_show(text)} is out of range [{low}, {high}]"
         return None
 
@@ -83,29 +93,24 @@ def _integer_check(low: int, high: int) -> LiteralCheck:
 
 
 def _check_float(text: str) -> str | None:
-    if "_" in text:  # Python reads 1_000 as a number; no warehouse does
+    if _NUMBER_TEXT.fullmatch(text) is None:
         return f"{_show(text)} is not a number"
-    try:
-        number = float(text)
-    except ValueError:
-        return f"{_show(text)} is not a number"
-    return None if math.isfinite(number) else f"{_show(text)} is not a finite number"
+    return None if math.isfinite(float(text)) else f"{_show(text)} is beyond a double"
 
 
 def _decimal_check(precision: int, scale: int) -> LiteralCheck:
     whole_digits = precision - scale
 
     def check(text: str) -> str | None:
+        if _NUMBER_TEXT.fullmatch(text) is None:
+            return f"{_show(text)} is not a number"
         try:
-            if "_" in text:
-                raise InvalidOperation
-            number = Decimal(text.strip())
+            number = Decimal(text.strip(" "))
         except InvalidOperation:
             return f"{_show(text)} is not a number"
-        if not number.is_finite():
-            return f"{_show(text)} is not a finite number"
         too_long = f"{_show(text)} has more than {whole_digits} digit(s) before the point"
-        # Digits after the point are rounded to the scale by every warehouse; the integer part must fit.
+        # Digits after the point are rounded to the scale (or refused: left to the warehouse); the
+        # integer part must fit everywhere.
         if number != 0 and number.adjusted() >= whole_digits:
             return too_long
         rounded = number.quantize(Decimal(1).scaleb(-scale), context=Context(prec=precision + 1))

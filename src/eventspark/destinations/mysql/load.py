@@ -71,19 +71,23 @@ def key_column_type(sql_type: str) -> str:
 def insert_select(load: Load, target: str, source: Callable[[StagedChunk], str]) -> list[str]:
     """The INSERT ... SELECT statements of a commit (run in one transaction).
 
-    Without a primary key, one statement per chunk straight from its staging table: a UNION ALL
-    of the chunks would be materialised by the server first (on disk, as the rows hold TEXT),
-    writing every row twice. With a key, one upsert of every chunk in the order column's order, so
-    that the last event of a key wins.
+    When the table has no primary key, one statement per chunk straight from its staging table: a
+    UNION ALL of the chunks would be materialised by the server first (on disk, as the rows hold
+    TEXT), writing every row twice. With a key, one upsert of every chunk, in the order column's
+    order when the chunks carry it, so that the last event of a key wins.
     """
     columns = load_columns(load)
     names = ", ".join(quote(c) for c in columns)
     keys = load.table.primary_keys
-    if not (load.ordered and keys):
+    if not keys:
         return [f"INSERT INTO {target} ({names}) {_branch(load, c, columns, source(c), False)}" for c in load.chunks]
-    branches = " UNION ALL ".join(_branch(load, chunk, columns, source(chunk), True) for chunk in load.chunks)
+    # The table's key, whether or not the config names one: a row whose key exists is updated.
+    keep_order = load.ordered
+    branches = " UNION ALL ".join(_branch(load, chunk, columns, source(chunk), keep_order) for chunk in load.chunks)
     aliases = ", ".join(f"c{i}" for i in range(len(columns)))
-    statement = f"INSERT INTO {target} ({names}) SELECT {aliases} FROM ({branches}) AS s ORDER BY s.seq"
+    statement = f"INSERT INTO {target} ({names}) SELECT {aliases} FROM ({branches}) AS s"
+    if keep_order:
+        statement += " ORDER BY s.seq"
     return [statement + upsert_clause(columns, keys)]
 
 
