@@ -9,12 +9,12 @@ Once a pair is committed its log is never read for that table again, so a crash 
 and the append would otherwise lose those failures; the next pass finds the parked spools and
 appends those whose pair the destination's load markers show committed (the others are dropped:
 the retry of the pair spools them again). A crash between an append and the removal of its parked
-spools can write those lines twice: the failed log is at-least-once, never lossy.
+spools can write those lines twice: the failed log is at-least-once, and loses nothing when the
+process crashes (spools are not fsynced: a power loss is another matter).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from eventspark.logs.status import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +107,11 @@ def park_spools(failed_dir: Path, log_name: str, dest_id: str, table: str, spool
             len(spools) - len(found),
             len(spools),
         )
-    moved = tuple(_move(spool, folder / f"{index}.log") for index, spool in enumerate(found))
+    # shutil.move renames, or copies when the staging folder is on another file system.
+    moved = tuple(Path(shutil.move(spool, folder / f"{index}.log")) for index, spool in enumerate(found))
     manifest = folder / "manifest.json"
     record = {"log": log_name, "dest": dest_id, "table": table, "spools": [p.name for p in moved]}
-    _write_durably(manifest, orjson.dumps(record))
+    replace_file(manifest, orjson.dumps(record))
     return ParkedSpools(manifest, log_name, dest_id, table, moved)
 
 
@@ -139,27 +142,3 @@ def settle_parked(failed_dir: Path, parked: Iterable[ParkedSpools], committed: b
     for group in groups:
         group.manifest.unlink(missing_ok=True)  # first: a folder without a manifest is never appended
         shutil.rmtree(group.manifest.parent, ignore_errors=True)
-
-
-def _move(source: Path, target: Path) -> Path:
-    try:
-        os.replace(source, target)
-    except OSError as exc:
-        if exc.errno != errno.EXDEV:
-            raise
-        shutil.move(source, target)  # staging on another file system
-    return target
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    temporary = path.with_suffix(".tmp")
-    with temporary.open("wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

@@ -69,9 +69,13 @@ def status_to_json(status: LogStatus) -> dict[str, dict[str, dict[str, Any]]]:
 
 def write_status(log: Path, status: LogStatus) -> None:
     """Replaces the status file of `log` atomically (write a temporary file, then rename)."""
-    target = status_path(log)
+    replace_file(status_path(log), orjson.dumps(status_to_json(status), option=orjson.OPT_INDENT_2))
+
+
+def replace_file(target: Path, data: bytes) -> None:
+    """Writes `data` to a temporary file and renames it over `target`: a crash leaves the old or the new."""
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(status_to_json(status), option=orjson.OPT_INDENT_2))
+    tmp.write_bytes(data)
     os.replace(tmp, target)
 
 

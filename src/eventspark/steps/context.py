@@ -190,8 +190,7 @@ def _set_flat_id(event: dict[str, Any], flat_id: Any, new_id: Callable[[], str])
     if flat_id.__class__ is int:
         event[_FLAT_ID_KEY] = str(flat_id)
         return
-    sdk_id = event.pop("event_id", None)
-    event[_FLAT_ID_KEY] = sdk_id if sdk_id.__class__ is str and sdk_id else _usable_id(sdk_id) or new_id()
+    event[_FLAT_ID_KEY] = _usable_id(event.pop("event_id", None)) or new_id()
 
 
 def merge_template(template: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
