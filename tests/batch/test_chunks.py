@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import orjson
+
 from eventspark.batch.chunks import ChunkBuffer, to_stage
 from eventspark.destinations.base import ORDER_COLUMN
 from eventspark.steps.typing import DataType
@@ -76,3 +78,35 @@ def test_to_stage_forms() -> None:
     assert to_stage(True, INT) == 1
     assert to_stage(3, F) == 3.0 and type(to_stage(3, F)) is float
     assert to_stage("2020-08-02T18:23:56Z", T) == "2020-08-02T18:23:56Z"
+
+
+def test_json_lines_are_encoded_per_row_and_again_after_a_promotion() -> None:
+    buffer = ChunkBuffer("t", None, json_lines=True)
+    assert buffer.add({"a": 1, "b": "x", "gone": None}, {}) is None
+    assert buffer.add({"a": 2**70, "b": "y"}, {}) is None  # beyond 64 bits: orjson refuses it as an int
+    assert buffer.add({"a": "text", "c": True}, {}) is None
+    columns, lines, header = buffer.take_json()
+    assert columns == {"a": S, "b": S, "c": B}
+    assert [orjson.loads(line) for line in lines] == [
+        {"a": "1", "b": "x", "gone": None},
+        {"a": str(float(2**70)), "b": "y"},
+        {"a": "text", "c": True},
+    ]
+    assert set(header.fields) == set(columns) and buffer.take_json()[1] == []
+
+
+def test_json_lines_of_keyed_rows_carry_the_order_column() -> None:
+    buffer = ChunkBuffer("t", None, primary_keys=("id",), json_lines=True)
+    assert buffer.add({"id": "a"}, {}, seq=7) is None
+    assert buffer.add({"v": 1}, {}, seq=8) is not None  # no key: refused, not encoded
+    columns, lines, _ = buffer.take_json()
+    assert columns == {"id": S, ORDER_COLUMN: INT}
+    assert [orjson.loads(line) for line in lines] == [{"id": "a", ORDER_COLUMN: 7}]
+
+
+def test_integers_beyond_bigint_never_stay_in_a_bigint_column() -> None:
+    buffer = ChunkBuffer("t", None)
+    for value in (1, -(2**63) - 1):  # the second after the column is known: the fast path's check
+        assert buffer.add({"n": value}, {}) is None
+    columns, rows, _ = buffer.take()
+    assert columns == {"n": F} and [row[0] for row in rows] == [1.0, float(-(2**63) - 1)]

@@ -8,17 +8,20 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from eventspark.batch.partition import SUMMARY_FIELDS, process_splits
 from eventspark.batch.plan import JobPlan, token_routes
 from eventspark.batch.splits import Split
 from eventspark.config.models import ApiKey, DuckDBDestination
-from eventspark.destinations.base import StagedChunk, TransientError
+from eventspark.destinations.base import ORDER_COLUMN, StagedChunk, TransientError
 from eventspark.steps.typing import DataType
 
 
 class RecordingStage:
     """A stage that keeps chunks in memory and refuses the tables it is told to."""
+
+    json_lines = False
 
     def __init__(self, refuse: set[str]) -> None:
         self.refuse = refuse
@@ -35,6 +38,16 @@ class RecordingStage:
 
     def close(self) -> None:
         return None
+
+
+class RecordingJsonStage(RecordingStage):
+    """The same, for a stage that takes JSON lines: each line is decoded into a row."""
+
+    json_lines = True
+
+    def write_json(self, columns: Mapping[str, DataType], lines: Sequence[bytes]) -> StagedChunk:
+        rows = [[orjson.loads(line).get(c) for c in columns] for line in lines]
+        return self.write(columns, rows)
 
 
 def _plan(tmp_path: Path, stage: RecordingStage, chunk_rows: int = 50_000) -> JobPlan:
@@ -56,8 +69,9 @@ def _run(tmp_path: Path, plan: JobPlan, lines: list[bytes]) -> list[dict[str, An
     return [dict(zip(SUMMARY_FIELDS, row, strict=True)) for row in rows]
 
 
-def test_counts_chunks_and_failed_spools(tmp_path: Path) -> None:
-    stage = RecordingStage(refuse=set())
+@pytest.mark.parametrize("stage_class", [RecordingStage, RecordingJsonStage])
+def test_counts_chunks_and_failed_spools(tmp_path: Path, stage_class: type[RecordingStage]) -> None:
+    stage = stage_class(refuse=set())
     lines = [orjson.dumps({"event_type": "a", "n": i}) for i in range(5)] + [b"{oops", b'{"event_type": ""}']
     summary = _run(tmp_path, _plan(tmp_path, stage, chunk_rows=2), lines)
     counts = {(r["file"], r["tbl"]): (r["rows"], r["failed"], r["skipped"]) for r in summary if r["kind"] == "count"}
@@ -70,8 +84,9 @@ def test_counts_chunks_and_failed_spools(tmp_path: Path) -> None:
     assert orjson.loads(Path(spool).read_bytes())["event"] == "{oops"
 
 
-def test_a_stage_failure_fails_its_pair_and_the_task_goes_on(tmp_path: Path) -> None:
-    stage = RecordingStage(refuse={"down"})
+@pytest.mark.parametrize("stage_class", [RecordingStage, RecordingJsonStage])
+def test_a_stage_failure_fails_its_pair_and_the_task_goes_on(tmp_path: Path, stage_class: type[RecordingStage]) -> None:
+    stage = stage_class(refuse={"down"})
     lines = [orjson.dumps({"event_type": t}) for t in ("down", "up", "down")]
     summary = _run(tmp_path, _plan(tmp_path, stage), lines)
     errors = [(r["tbl"], r["payload"]) for r in summary if r["kind"] == "error"]
@@ -113,3 +128,21 @@ def test_the_cycle_collector_is_left_as_it_was(tmp_path: Path) -> None:
             assert [r["rows"] for r in rows if r["kind"] == "count"] == [3]
     finally:
         gc.enable()
+
+
+def test_json_lines_carry_the_same_rows_and_the_order_column(tmp_path: Path) -> None:
+    lines = [
+        orjson.dumps({"event_type": "a", "id": i, "v": v, "t": "2020-08-02T18:23:56Z"})
+        for i, v in enumerate([1, 2.5, "x", None, True])
+    ]
+    written = {}
+    for stage_class in (RecordingStage, RecordingJsonStage):
+        stage = stage_class(refuse=set())
+        plan = _plan(tmp_path, stage)
+        plan.primary_keys = {"dd": ("id",)}
+        _run(tmp_path, plan, lines)
+        written[stage_class] = stage.written
+    assert written[RecordingJsonStage] == written[RecordingStage]
+    ((columns, rows),) = written[RecordingStage]
+    assert columns["v"] is DataType.STRING and [row[2] for row in rows] == ["1", "2.5", "x", None, "true"]
+    assert columns[ORDER_COLUMN] is DataType.INT64 and len({row[-1] for row in rows}) == 5

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
 import pytest
 
 from eventspark.destinations.base import ORDER_COLUMN, DestinationAdapter, Load, TerminalError, new_job_id
@@ -36,8 +37,12 @@ class AdapterContract:
         return found
 
     def stage(self, adapter: DestinationAdapter, job: str, columns: dict[str, DataType], rows: list[list[Any]]):
-        writer = adapter.stage_target(job).open()
+        """Stages the rows as executors do: as JSON lines when the stage takes them."""
+        target = adapter.stage_target(job)
+        writer: Any = target.open()
         try:
+            if target.json_lines:
+                return writer.write_json(columns, [orjson.dumps(dict(zip(columns, row, strict=True))) for row in rows])
             return writer.write(columns, rows)
         finally:
             writer.close()

@@ -6,12 +6,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 from eventspark.config.models import ClickHouseDestination
 from eventspark.destinations import build_destination
 from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, TerminalError, TransientError
-from eventspark.destinations.clickhouse.adapter import ClickHouseAdapter, key_columns
+from eventspark.destinations.clickhouse import load as ch_load
+from eventspark.destinations.clickhouse.adapter import (
+    MEMORY_STAGE_MAX_BYTES,
+    ClickHouseAdapter,
+    key_columns,
+    stage_engine,
+)
 from eventspark.destinations.clickhouse.ddl import add_column_statements, create_statements
 from eventspark.destinations.clickhouse.http import Client, _server_error, parse_dsn
 from eventspark.destinations.clickhouse.load import casts_cannot_fail, data_type_of
@@ -125,6 +132,74 @@ class TestClickHouseAdapter(AdapterContract):
         assert rows == [(*names, 1), (*(n.upper() for n in names), 2)]
         assert set(adapter.read_table(table).columns) == {*names, "n m"}  # type: ignore[union-attr]
         assert adapter.loaded_files("d", ["l"]) == {("l", table)}
+
+    def test_tsv_and_json_stages_load_the_same_rows(self, adapter: ClickHouseAdapter) -> None:
+        columns = {"a`b": S, "it's": S, "n": N, "f": F, "b": B, "ts": T}
+        rows = [
+            ['tab\tnew\nline\\ \x00 "q" é — 😀', "\\N", -(2**63), 1e300, True, "2020-08-02T18:23:56.5+02:00"],
+            [None, "", None, -0.5, False, None],
+        ]
+        for table in ("via_tsv", "via_json"):
+            target = self.create(adapter, table, columns)
+            writer: Any = adapter.stage_target("jt").open()
+            if table == "via_tsv":
+                chunk = writer.write(columns, rows)
+            else:
+                chunk = writer.write_json(columns, [orjson.dumps(dict(zip(columns, r, strict=True))) for r in rows])
+            writer.close()
+            adapter.commit(Load("d", target, [chunk], [table]))
+        select = "SELECT `a``b`, `it\\'s`, n, f, b, toString(ts, 'UTC') FROM {} ORDER BY f"
+        via_tsv = self.query(adapter, select.format(self.name(adapter, "via_tsv")))
+        assert via_tsv == self.query(adapter, select.format(self.name(adapter, "via_json")))
+        assert via_tsv[1][:5] == (rows[0][0], "\\N", -(2**63), 1e300, 1)
+        assert via_tsv[0][:5] == ("", "", 0, -0.5, 0)  # NULLs in non-nullable columns: the defaults
+
+    def test_json_lines_may_name_columns_the_chunk_lacks(self, adapter: ClickHouseAdapter) -> None:
+        # A key whose value is null in every row of a chunk gets no staging column.
+        target = self.create(adapter, "nul", {"a": S, "gone": S})
+        writer: Any = adapter.stage_target("jn").open()
+        chunk = writer.write_json({"a": S}, [b'{"a":"x","gone":null}'])
+        writer.close()
+        adapter.commit(Load("d", target, [chunk], ["l"]))
+        assert self.query(adapter, f"SELECT a, gone FROM {self.name(adapter, 'nul')}") == [("x", "")]
+
+    def test_small_passes_stage_in_memory_and_a_lost_stage_fails_the_commit(self, adapter: ClickHouseAdapter) -> None:
+        assert stage_engine(0) == "Log" and stage_engine(MEMORY_STAGE_MAX_BYTES + 1) == "Log"
+        target = self.create(adapter, "mem", {"n": N})
+        staged = adapter.stage_target("jm", pass_bytes=1000)
+        assert staged.engine == "Memory"
+        writer = staged.open()
+        chunks = [writer.write_json({"n": N}, [b'{"n":%d}' % i for i in range(3)]) for _ in range(2)]
+        writer.close()
+        engines = self.server.query(
+            f"SELECT engine FROM system.tables WHERE database = '{adapter.schema}' AND name = '{chunks[0].ref}'"
+        )
+        assert engines == [["Memory"]]
+        # What a server restart does to a Memory table: it is still there, empty.
+        self.server.query(f"TRUNCATE TABLE {self.name(adapter, chunks[1].ref)}")
+        with pytest.raises(TransientError, match="holds 0 of its 3 rows"):
+            adapter.commit(Load("d", target, chunks, ["l"]))
+        assert adapter.loaded_files("d", ["l"]) == set()
+
+    def test_a_large_pair_is_copied_by_several_inserts_at_once(
+        self, adapter: ClickHouseAdapter, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(ch_load, "MIN_COPY_ROWS", 2)
+        target = self.create(adapter, "par", {**EVENT_COLUMNS, "n": N})
+        columns = {**EVENT_COLUMNS, "n": N}
+        chunks = [
+            self.stage(adapter, "jp", columns, [["2020-08-02T18:23:56Z", f"id{c}-{i}", i] for i in range(2 + c)])
+            for c in range(5)
+        ]
+        assert len(ch_load.copy_groups(Load("d", target, chunks, []))) == 4
+        adapter.commit(Load("d", target, chunks, ["l"]))
+        assert self.query(adapter, f"SELECT count(), sum(n) FROM {self.name(adapter, 'par')}") == [(20, 35)]
+        # One of the inserts failing fails the commit, and no marker is written.
+        again = [self.stage(adapter, "jq", columns, [["2020-08-02T18:23:56Z", f"x{c}", 1]] * 2) for c in range(3)]
+        self.server.query(f"DROP TABLE {self.name(adapter, again[1].ref)}")
+        with pytest.raises(TerminalError):
+            adapter.commit(Load("d", target, again, ["l2"]))
+        assert adapter.loaded_files("d", ["l2"]) == set()
 
     def test_add_columns_and_promote(self, adapter: ClickHouseAdapter) -> None:
         target = self.create(adapter, "p", {**EVENT_COLUMNS, "n": F})
@@ -466,3 +541,16 @@ def test_rows_skip_the_prepared_table_only_when_no_cast_can_fail() -> None:
     assert safe({"n": DataType.BOOL, "f": DataType.INT64}, {"s": DataType.FLOAT64, "ts": DataType.TIMESTAMP})
     assert not safe({"n": DataType.STRING})  # text into a number can be refused
     assert not safe({"f": DataType.INT64}, {"d": DataType.FLOAT64})  # a literal Decimal can overflow
+
+
+def test_copy_groups_balance_whole_chunks_and_keep_keyed_loads_whole() -> None:
+    table = Table("t", {"id": "String"}, primary_keys=("id",))
+    sizes = [90_000, 60_000, 50_000, 40_000, 10_000]
+    chunks = [StagedChunk(f"c{i}", {"id": DataType.STRING}, rows) for i, rows in enumerate(sizes)]
+    groups = ch_load.copy_groups(Load("d", table, chunks, []))
+    assert len(groups) == 2 and sorted(sum(c.rows for c in g.chunks) for g in groups) == [120_000, 130_000]
+    assert sorted(c.ref for g in groups for c in g.chunks) == [c.ref for c in chunks]
+    keyed = Load("d", table, chunks, [], ordered=True)
+    assert ch_load.copy_groups(keyed) == [keyed]
+    assert len(ch_load.copy_groups(Load("d", table, chunks[:1], []))) == 1
+    assert len(ch_load.copy_groups(Load("d", table, chunks[3:], []))) == 1  # 50,000 rows: one insert

@@ -178,6 +178,7 @@ class BatchJob:
         plan = JobPlan(job_id, str(self.events_dir / "staging"), {}, {}, {}, (), {}, {})
         plan.geo_path = self.config.geo.maxmind_path
         plan.chunk_rows = self.chunk_rows
+        plan.pass_bytes = sum(p.stat().st_size for p in logs)
         for dest_id, dest in self.config.destinations.items():
             if dest.mode != "batch":
                 continue
@@ -218,7 +219,7 @@ class BatchJob:
             name: {column: adapter.data_type_of(sql_type) for column, sql_type in table.columns.items()}
             for name, table in tables.items()
         }
-        plan.stages[dest_id] = adapter.stage_target(plan.job_id)
+        plan.stages[dest_id] = adapter.stage_target(plan.job_id, plan.pass_bytes)
         self._staged.add(dest_id)
         plan.primary_keys[dest_id] = tuple(dest.data_layout.primary_key_fields)
         plan.destinations[dest_id] = dest

@@ -11,14 +11,14 @@ import gc
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import orjson
 
 from eventspark.batch.chunks import ChunkBuffer
 from eventspark.batch.plan import JobPlan
 from eventspark.batch.splits import Split, read_split
-from eventspark.destinations.base import DestinationError, StageWriter
+from eventspark.destinations.base import DestinationError, JsonStageWriter, StageWriter
 from eventspark.logs.failed import event_error_line, event_id_of
 from eventspark.steps.chain import DestinationChain, Failure
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
@@ -153,7 +153,8 @@ class PartitionTask:
         if buffer is None:
             existing = self.plan.existing.get(dest_id, {}).get(table)
             keys = self.plan.primary_keys.get(dest_id, ())
-            buffer = self.buffers[key] = ChunkBuffer(table, existing, keys)
+            json_lines = self.plan.stages[dest_id].json_lines
+            buffer = self.buffers[key] = ChunkBuffer(table, existing, keys, json_lines)
         return buffer
 
     def count(self, file: str, dest_id: str, table: str) -> list[int]:
@@ -183,17 +184,22 @@ class PartitionTask:
         return found[1]
 
     def flush(self, dest_id: str, buffer: ChunkBuffer) -> None:
-        keys = self.plan.primary_keys.get(dest_id, ())
-        columns, rows, header = buffer.take(ordered=bool(keys))
-        if not rows:
-            return
-        if (dest_id, buffer.table) in self.errors:
+        json_lines = buffer.lines is not None
+        if json_lines:
+            columns, data, header = buffer.take_json()
+        else:
+            keys = self.plan.primary_keys.get(dest_id, ())
+            columns, data, header = buffer.take(ordered=bool(keys))  # type: ignore[assignment]
+        if not data or (dest_id, buffer.table) in self.errors:
             return
         try:
             writer = self.writers.get(dest_id)
             if writer is None:
                 writer = self.writers[dest_id] = self.plan.stages[dest_id].open()
-            chunk = writer.write(columns, rows)
+            if json_lines:
+                chunk = cast(JsonStageWriter, writer).write_json(columns, data)
+            else:
+                chunk = writer.write(columns, data)  # type: ignore[arg-type]
         except DestinationError as exc:
             # The pair fails for this pass (the driver will not commit it); the task goes on.
             self.errors[dest_id, buffer.table] = f"staging: {exc}"

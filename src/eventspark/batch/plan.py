@@ -41,6 +41,8 @@ class JobPlan:
     stages: dict[str, StageTarget] = field(default_factory=dict)
     geo_path: str | None = None
     chunk_rows: int = DEFAULT_CHUNK_ROWS
+    pass_bytes: int = 0
+    """The size of the logs this job reads."""
 
     def destinations_of(self, token_id: str) -> tuple[str, ...]:
         found = self.token_destinations.get(token_id)

@@ -103,8 +103,22 @@ class StageWriter(Protocol):
     def close(self) -> None: ...
 
 
+class JsonStageWriter(StageWriter, Protocol):
+    """A writer that also stages rows the executor encoded as JSON objects, one per row."""
+
+    def write_json(self, columns: Mapping[str, DataType], lines: Sequence[bytes]) -> StagedChunk:
+        """Stages one chunk: `lines` are JSON objects keyed by column (keys outside `columns` hold
+        only nulls), values in the stage types of `columns`."""
+        ...
+
+
 class StageTarget(Protocol):
     """A picklable description of a stage; executors open writers from it."""
+
+    @property
+    def json_lines(self) -> bool:
+        """The writers are JsonStageWriters, and JSON lines are their faster path."""
+        ...
 
     def open(self) -> StageWriter: ...
 
@@ -138,8 +152,9 @@ class DestinationAdapter(ABC):
         """Creates the table or adds its missing columns and primary key (never drops or retypes)."""
 
     @abstractmethod
-    def stage_target(self, job_id: str) -> StageTarget:
-        """Where the executors of job `job_id` stage rows."""
+    def stage_target(self, job_id: str, pass_bytes: int = 0) -> StageTarget:
+        """Where the executors of job `job_id` stage rows; `pass_bytes`, the size of the logs the
+        job reads (0: not known), lets a warehouse choose where to keep the stage."""
 
     @abstractmethod
     def commit(self, load: Load) -> None:

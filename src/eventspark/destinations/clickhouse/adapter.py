@@ -1,10 +1,12 @@
 """ClickHouse adapter over the HTTP interface (18.16 to current releases).
 
-Batch: each executor chunk becomes its own `Log` staging table, written with one
-`INSERT ... FORMAT TabSeparated` (50,000 rows by default). The driver commits a pair in three
-statements: the chunks are cast into a *prepared* table of the target's exact types (a bad value
-fails here, before the target is touched), copied into the target with one `INSERT ... SELECT`,
-then one marker row per source file is written.
+Batch: each executor chunk becomes its own staging table (`Memory` for a pass of up to 512 MiB of
+logs, else `Log`), written with one `INSERT ... FORMAT JSONEachRow` of rows the executor encoded
+one by one (50,000 rows by default). The driver commits a pair: the chunks are cast to the
+target's exact types and copied into it with `INSERT ... SELECT` (a few at once for a large pair;
+through a *prepared* table first when a cast can be refused, so that a bad value fails before the
+target is touched); then the stage is counted (every staged row must still be there) and one
+marker row per source file is written.
 
 ClickHouse has no transactions, so the guarantee is this: a failed cast leaves the target
 unchanged; a crash or a lost connection after the copy started and before the marker was written
@@ -19,8 +21,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from eventspark.config.models import ClickHouseConfig, ClickHouseDestination
 from eventspark.destinations.base import (
@@ -45,7 +48,7 @@ from eventspark.destinations.clickhouse.ddl import (
 )
 from eventspark.destinations.clickhouse.dialect import DIALECT
 from eventspark.destinations.clickhouse.http import Client, Endpoint, error_code, parse_dsn
-from eventspark.destinations.clickhouse.load import casts_cannot_fail, data_type_of, prepare_select
+from eventspark.destinations.clickhouse.load import casts_cannot_fail, copy_groups, data_type_of, prepare_select
 from eventspark.destinations.staging import (
     StagingTableAdapter,
     is_user_table,
@@ -68,6 +71,19 @@ STAGE_TYPES: dict[DataType, str] = {
 }
 DUPLICATE_COLUMN = 44
 _TSV_INSERT = "INSERT INTO {} ({}) FORMAT TabSeparated"
+_SKIP_UNKNOWN = {"input_format_skip_unknown_fields": "1"}
+MEMORY_STAGE_MAX_BYTES = 512 * 1024 * 1024
+"""Passes over at most this many bytes of logs stage in Memory tables, larger ones in Log tables."""
+
+
+def stage_engine(pass_bytes: int) -> str:
+    """The staging tables' engine for a pass reading `pass_bytes` of logs (0: not known).
+
+    Memory tables cost the server no compression and no disk writes, and are read back faster; the
+    server holds them in RAM until the commit drops them, hence the bound. A restart empties them,
+    which the commit notices (`ClickHouseAdapter._check_stage`).
+    """
+    return "Memory" if 0 < pass_bytes <= MEMORY_STAGE_MAX_BYTES else "Log"
 
 
 def layout_of(config: ClickHouseConfig) -> Layout:
@@ -101,6 +117,10 @@ class ClickHouseStageTarget:
     endpoint: Endpoint
     db: str
     job_id: str
+    engine: str = "Log"
+    """The staging tables' engine: Memory for a pass small enough (`stage_engine`), else Log."""
+
+    json_lines: ClassVar[bool] = True
 
     def open(self) -> ClickHouseStageWriter:
         return ClickHouseStageWriter(self)
@@ -114,14 +134,22 @@ class ClickHouseStageWriter:
         self._client = Client(target.endpoint)
 
     def write(self, columns: Mapping[str, DataType], rows: Sequence[Sequence[Any]]) -> StagedChunk:
+        body = encode_rows(rows, [STAGE_ENCODERS[t] for t in columns.values()])
+        return self._stage(columns, len(rows), "TabSeparated", body)
+
+    def write_json(self, columns: Mapping[str, DataType], lines: Sequence[bytes]) -> StagedChunk:
+        return self._stage(columns, len(lines), "JSONEachRow", b"\n".join(lines))
+
+    def _stage(self, columns: Mapping[str, DataType], count: int, data_format: str, body: bytes) -> StagedChunk:
         ref = new_stage_table(self._target.job_id)
         name = f"{quote(self._target.db)}.{quote(ref)}"
         defs = ", ".join(f"{quote(c)} {STAGE_TYPES[t]}" for c, t in columns.items())
-        body = encode_rows(rows, [STAGE_ENCODERS[t] for t in columns.values()])
-        doing = f"staging {len(rows)} rows"
-        self._client.execute(f"CREATE TABLE {name} ({defs}) ENGINE = Log", doing=doing)
-        self._client.execute(_insert_sql(name, columns), body, doing=doing)
-        return StagedChunk(ref, dict(columns), len(rows))
+        doing = f"staging {count} rows"
+        self._client.execute(f"CREATE TABLE {name} ({defs}) ENGINE = {self._target.engine}", doing=doing)
+        insert = f"INSERT INTO {name} ({', '.join(quote(c) for c in columns)}) FORMAT {data_format}"
+        # JSON rows may name columns that are null in every row of the chunk: it has none of them.
+        self._client.execute(insert, body, doing=doing, settings=_SKIP_UNKNOWN)
+        return StagedChunk(ref, dict(columns), count)
 
     def close(self) -> None:
         self._client.close()
@@ -227,8 +255,9 @@ class ClickHouseAdapter(StagingTableAdapter):
 
     # --- batch --------------------------------------------------------------------------------
 
-    def stage_target(self, job_id: str) -> ClickHouseStageTarget:
-        return ClickHouseStageTarget(self._connection().endpoint, self.layout.db, job_id)
+    def stage_target(self, job_id: str, pass_bytes: int = 0) -> ClickHouseStageTarget:
+        endpoint = self._connection().endpoint
+        return ClickHouseStageTarget(endpoint, self.layout.db, job_id, stage_engine(pass_bytes))
 
     def commit(self, load: Load) -> None:
         client = self._connection()
@@ -239,17 +268,58 @@ class ClickHouseAdapter(StagingTableAdapter):
             target = self.layout.insert_target(load.table.name)
             if casts_cannot_fail(load, columns):
                 source = {chunk.ref: self._name(chunk.ref) for chunk in load.chunks}
-                client.execute(f"INSERT INTO {target} ({names}) {prepare_select(load, columns, source)}", doing=doing)
+                inserts = [
+                    f"INSERT INTO {target} ({names}) {prepare_select(group, columns, source)}"
+                    for group in copy_groups(load)
+                ]
+                self._run_at_once(client, inserts, doing)
             else:
                 prepared = self._name(f"{load.chunks[0].ref}_load")
                 self._prepare_rows(client, load, columns, prepared, doing)
                 client.execute(f"INSERT INTO {target} ({names}) SELECT {names} FROM {prepared}", doing=doing)
+            self._check_stage(client, load, doing)
         if load.files:
             markers = [[load.dest_id, f, load.table.name] for f in load.files]
             body = encode_rows(markers, [STAGE_ENCODERS[DataType.STRING]] * 3)
             client.execute(_insert_sql(self._name(LOADS_TABLE), ["dest_id", "file", "table_name"]), body, doing)
         refs = [f"{load.chunks[0].ref}_load"] if load.chunks else []
         self._drop(client, refs + [chunk.ref for chunk in load.chunks])
+
+    def _check_stage(self, client: Client, load: Load, doing: str) -> None:
+        """TransientError unless the stage still holds every row the executors staged. Checked after
+        the copy: a Memory table emptied by a restart stays empty, so full counts now mean the copy
+        read every row; otherwise the pass is retried (rows copied twice collapse on merge)."""
+        counts = " UNION ALL ".join(
+            f"SELECT {literal(chunk.ref)}, count() FROM {self._name(chunk.ref)}" for chunk in load.chunks
+        )
+        found = {ref: int(count) for ref, count in client.rows(counts, doing=doing)}
+        for chunk in load.chunks:
+            if found.get(chunk.ref) != chunk.rows:
+                raise TransientError(
+                    f"clickhouse: {doing}: staging table {chunk.ref} holds {found.get(chunk.ref)} of its "
+                    f"{chunk.rows} rows (was the server restarted?); the logs are kept for the next pass"
+                )
+
+    def _run_at_once(self, client: Client, statements: list[str], doing: str) -> None:
+        """Runs the statements concurrently, the first on `client`, the others on connections of
+        their own; raises the first error once all have ended."""
+        if len(statements) == 1:
+            client.execute(statements[0], doing=doing)
+            return
+        extra = [Client(client.endpoint) for _ in statements[1:]]
+        try:
+            with ThreadPoolExecutor(len(statements)) as pool:
+                runs = [
+                    pool.submit(c.execute, sql, None, doing)
+                    for c, sql in zip([client, *extra], statements, strict=True)
+                ]
+                errors = [run.exception() for run in runs]
+        finally:
+            for other in extra:
+                other.close()
+        first = next((error for error in errors if error is not None), None)
+        if first is not None:
+            raise first
 
     def _prepare_rows(self, client: Client, load: Load, columns: list[str], prepared: str, doing: str) -> None:
         """Casts every chunk into `prepared` (the target's column types); drops it on failure."""

@@ -10,14 +10,22 @@ ClickHouse has no transaction to undo half an INSERT ... SELECT, so when a cast 
 casts go into a prepared table first and only a fully cast copy reaches the target. When every
 staged column meets a target type that takes any of its values (`casts_cannot_fail`), the cast
 rows go straight into the target: one copy of the data fewer.
+
+ClickHouse writes the rows of one INSERT (sorting them, compressing each column) on one thread, so
+a large copy is cut into a few INSERTs of whole chunks (`copy_groups`) that run at once.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, data_type_of_sql
 from eventspark.destinations.clickhouse.ddl import base_type, quote
 from eventspark.steps.typing import DataType
 
+MAX_COPY_STREAMS = 4
+MIN_COPY_ROWS = 100_000
+"""Rows below which a copy is not cut further: each INSERT makes a part per partition."""
 _TEXT_STAGES = (DataType.STRING, DataType.TIMESTAMP)
 # Stage type → the target column types (inside Nullable) its cast can never refuse. A staged
 # TIMESTAMP is RFC 3339 text the executor has already parsed.
@@ -64,6 +72,22 @@ def casts_cannot_fail(load: Load, columns: list[str]) -> bool:
             if stage is not None and base_type(load.table.columns[name])[0] not in _SAFE_TARGETS[stage]:
                 return False
     return True
+
+
+def copy_groups(load: Load, streams: int = MAX_COPY_STREAMS) -> list[Load]:
+    """`load` cut into at most `streams` loads of whole chunks, about equal in rows and each of at
+    least MIN_COPY_ROWS; one when only the last row of each key is kept (that needs every chunk)."""
+    total = sum(chunk.rows for chunk in load.chunks)
+    count = min(streams, len(load.chunks), max(1, total // MIN_COPY_ROWS))
+    if count <= 1 or (load.ordered and load.table.primary_keys):
+        return [load]
+    groups: list[list[StagedChunk]] = [[] for _ in range(count)]
+    sizes = [0] * count
+    for chunk in sorted(load.chunks, key=lambda c: -c.rows):  # largest first, to the emptiest group
+        smallest = sizes.index(min(sizes))
+        groups[smallest].append(chunk)
+        sizes[smallest] += chunk.rows
+    return [replace(load, chunks=group) for group in groups]
 
 
 def prepare_select(load: Load, columns: list[str], source: dict[str, str]) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import duckdb
 
@@ -58,6 +58,8 @@ class ParquetStageTarget:
     """Picklable: the folder where executors of one job write Parquet chunks."""
 
     folder: str
+
+    json_lines: ClassVar[bool] = False
 
     def open(self) -> ParquetStageWriter:
         return ParquetStageWriter(Path(self.folder))
@@ -188,7 +190,7 @@ class DuckDBAdapter(DestinationAdapter):
         existing = self.read_table(table)
         return existing is not None and bool(existing.primary_keys)
 
-    def stage_target(self, job_id: str) -> ParquetStageTarget:
+    def stage_target(self, job_id: str, pass_bytes: int = 0) -> ParquetStageTarget:
         return ParquetStageTarget(str(self.staging_dir / job_id / self.dest_id))
 
     def commit(self, load: Load) -> None:

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pymysql
 
@@ -125,6 +125,8 @@ class MySQLStageTarget:
     info: ConnectInfo
     db: str
     job_id: str
+
+    json_lines: ClassVar[bool] = False
 
     def open(self) -> MySQLStageWriter:
         return MySQLStageWriter(self)
@@ -303,7 +305,7 @@ class MySQLAdapter(StagingTableAdapter):
 
     # --- batch --------------------------------------------------------------------------------
 
-    def stage_target(self, job_id: str) -> MySQLStageTarget:
+    def stage_target(self, job_id: str, pass_bytes: int = 0) -> MySQLStageTarget:
         self._connection()  # the database must exist before executors create tables in it
         return MySQLStageTarget(self.info, self.schema, job_id)
 

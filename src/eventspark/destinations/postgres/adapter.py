@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import psycopg
@@ -87,6 +87,8 @@ class PostgresStageTarget:
     conninfo: str
     schema: str
     job_id: str
+
+    json_lines: ClassVar[bool] = False
 
     def open(self) -> PostgresStageWriter:
         return PostgresStageWriter(self)
@@ -221,7 +223,7 @@ class PostgresAdapter(StagingTableAdapter):
     def _conn_execute(self, query: str, args: dict[str, Any]) -> list[tuple[Any, ...]]:
         return self._connection().execute(query, args).fetchall()
 
-    def stage_target(self, job_id: str) -> PostgresStageTarget:
+    def stage_target(self, job_id: str, pass_bytes: int = 0) -> PostgresStageTarget:
         self._connection()  # the schema must exist before executors create tables in it
         return PostgresStageTarget(self.conninfo, self.schema, job_id)
 
