@@ -47,13 +47,19 @@ _STAGE_KIND: dict[DataType, type] = {
     DataType.STRING: str,
 }
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-# A value of this Python type leaves a column of this type as it is. TIMESTAMP is absent: its
-# strings must be parsed to know whether they are still timestamps.
+
+
+class _TimestampText:
+    """The kind of a TIMESTAMP column's values: str, but only those `parse_timestamp` accepts."""
+
+
+# A value of this Python type leaves a column of this type as it is (TIMESTAMP: a str that parses).
 _SAME_KIND: dict[DataType | None, type] = {
     DataType.BOOL: bool,
     DataType.INT64: int,
     DataType.FLOAT64: float,
     DataType.STRING: str,
+    DataType.TIMESTAMP: _TimestampText,
 }
 
 
@@ -118,9 +124,12 @@ class ChunkBuffer:
         expected = self.kinds.get
         for name, value in values.items():
             # Fast path, most values: the column's type is known in this chunk and the value is
-            # already of its stage kind, so nothing changes (TIMESTAMP always takes the slow path).
+            # already of its stage kind, so nothing changes.
             kind = type(value)
-            if kind is expected(name) and (kind is not int or _INT64_MIN <= value <= _INT64_MAX):
+            expect = expected(name)
+            if kind is expect and (kind is not int or _INT64_MIN <= value <= _INT64_MAX):
+                continue
+            if expect is _TimestampText and kind is str and parse_timestamp(value) is not None:
                 continue
             error = self._add_value(values, name, value, casts)
             if error is not None:
