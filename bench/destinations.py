@@ -140,19 +140,20 @@ def run_pipeline(
     return elapsed
 
 
-def typed_chunks(files: list[Path], json_lines: bool) -> list[tuple[dict[str, DataType], list[Any], Any]]:
-    """The events flattened and typed as an executor stages them, in chunks (untimed): rows as
-    lists, or as JSON lines for a stage that reads them."""
-    chunks = []
+def typed_chunks(files: list[Path], json_lines: bool) -> list[tuple[dict[str, DataType], Any, Any, int]]:
+    """The events flattened and typed as an executor stages them, in chunks (untimed): column
+    types, rows as lists (or JSON lines for a stage that reads them), header, row count."""
+    chunks: list[tuple[dict[str, DataType], Any, Any, int]] = []
     buffer = ChunkBuffer("events", None, json_lines=json_lines)
     take = buffer.take_json if json_lines else buffer.take
     for path in files:
         for line in path.open("rb"):
             buffer.add(flatten(orjson.loads(line)), {})
             if len(buffer) == CHUNK:
-                chunks.append(take())
+                chunks.append((*take(), CHUNK))
     if len(buffer):
-        chunks.append(take())
+        count = len(buffer)
+        chunks.append((*take(), count))
     return chunks
 
 
@@ -160,7 +161,7 @@ def run_adapter(wh: Warehouse, chunks: list[Any], work: Path, pass_bytes: int) -
     """Stage and commit the typed chunks through the adapter, from this process."""
     adapter: DestinationAdapter = build_destination("wh", _validated(wh), work)
     header = chunks[0][2]
-    for _columns, _rows, more in chunks[1:]:
+    for _columns, _rows, more, _count in chunks[1:]:
         header.merge(more)
     header.table_name = "adapter_events"
     adapter.patch(diff(adapter.read_table("adapter_events"), table_from_header(header, adapter.dialect.column_type)))
@@ -169,8 +170,10 @@ def run_adapter(wh: Warehouse, chunks: list[Any], work: Path, pass_bytes: int) -
     started = time.perf_counter()
     stage = adapter.stage_target("bench", pass_bytes)
     writer: Any = stage.open()
-    write = writer.write_json if stage.json_lines else writer.write
-    staged = [write(columns, data) for columns, data, _header in chunks]
+    if stage.json_lines:
+        staged = [writer.write_json(columns, data, count) for columns, data, _header, count in chunks]
+    else:
+        staged = [writer.write(columns, data) for columns, data, _header, _count in chunks]
     writer.close()
     adapter.commit(Load("wh", target, staged, ["bench-log"]))
     elapsed = time.perf_counter() - started
@@ -194,7 +197,7 @@ class Floor:
         assert target is not None
         self.columns = list(target.columns)
         kinds = [adapter.data_type_of(t) for t in target.columns.values()]
-        self.prepared = [_floor_rows(wh.kind, have, rows, self.columns, kinds) for have, rows, _h in chunks]
+        self.prepared = [_floor_rows(wh.kind, have, rows, self.columns, kinds) for have, rows, _h, _n in chunks]
         adapter.close()
 
     def run(self, table: str) -> tuple[float, str]:

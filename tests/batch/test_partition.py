@@ -45,9 +45,10 @@ class RecordingJsonStage(RecordingStage):
 
     json_lines = True
 
-    def write_json(self, columns: Mapping[str, DataType], lines: Sequence[bytes]) -> StagedChunk:
-        rows = [[orjson.loads(line).get(c) for c in columns] for line in lines]
-        return self.write(columns, rows)
+    def write_json(self, columns: Mapping[str, DataType], lines: bytes | bytearray, rows: int) -> StagedChunk:
+        decoded = [[orjson.loads(line).get(c) for c in columns] for line in bytes(lines).splitlines()]
+        assert len(decoded) == rows
+        return self.write(columns, decoded)
 
 
 def _plan(tmp_path: Path, stage: RecordingStage, chunk_rows: int = 50_000) -> JobPlan:

@@ -42,7 +42,8 @@ class AdapterContract:
         writer: Any = target.open()
         try:
             if target.json_lines:
-                return writer.write_json(columns, [orjson.dumps(dict(zip(columns, row, strict=True))) for row in rows])
+                lines = b"".join(orjson.dumps(dict(zip(columns, row, strict=True))) + b"\n" for row in rows)
+                return writer.write_json(columns, lines, len(rows))
             return writer.write(columns, rows)
         finally:
             writer.close()

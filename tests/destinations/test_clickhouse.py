@@ -145,7 +145,8 @@ class TestClickHouseAdapter(AdapterContract):
             if table == "via_tsv":
                 chunk = writer.write(columns, rows)
             else:
-                chunk = writer.write_json(columns, [orjson.dumps(dict(zip(columns, r, strict=True))) for r in rows])
+                lines = b"".join(orjson.dumps(dict(zip(columns, r, strict=True))) + b"\n" for r in rows)
+                chunk = writer.write_json(columns, lines, len(rows))
             writer.close()
             adapter.commit(Load("d", target, [chunk], [table]))
         select = "SELECT `a``b`, `it\\'s`, n, f, b, toString(ts, 'UTC') FROM {} ORDER BY f"
@@ -158,7 +159,7 @@ class TestClickHouseAdapter(AdapterContract):
         # A key whose value is null in every row of a chunk gets no staging column.
         target = self.create(adapter, "nul", {"a": S, "gone": S})
         writer: Any = adapter.stage_target("jn").open()
-        chunk = writer.write_json({"a": S}, [b'{"a":"x","gone":null}'])
+        chunk = writer.write_json({"a": S}, b'{"a":"x","gone":null}\n', 1)
         writer.close()
         adapter.commit(Load("d", target, [chunk], ["l"]))
         assert self.query(adapter, f"SELECT a, gone FROM {self.name(adapter, 'nul')}") == [("x", "")]
@@ -169,7 +170,7 @@ class TestClickHouseAdapter(AdapterContract):
         staged = adapter.stage_target("jm", pass_bytes=1000)
         assert staged.engine == "Memory"
         writer = staged.open()
-        chunks = [writer.write_json({"n": N}, [b'{"n":%d}' % i for i in range(3)]) for _ in range(2)]
+        chunks = [writer.write_json({"n": N}, b'{"n":1}\n{"n":2}\n{"n":3}\n', 3) for _ in range(2)]
         writer.close()
         engines = self.server.query(
             f"SELECT engine FROM system.tables WHERE database = '{adapter.schema}' AND name = '{chunks[0].ref}'"

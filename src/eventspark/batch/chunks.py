@@ -9,10 +9,13 @@ type of their values, promoted when values disagree; the driver widens the table
 Values are kept in their *stage* form: bool, int, float, or str for STRING and TIMESTAMP
 (RFC 3339 text, cast by the warehouse at commit).
 
-For a stage that reads JSON lines (`StageTarget.json_lines`), each row is also encoded as soon as
-it is taken, while its values are still in the CPU cache: one C call per row (orjson) instead of
-the column-by-column passes over a whole chunk that a tabular stage needs, each of which misses
-the cache on every value. Rows of a column whose type was promoted later are encoded again.
+For a stage that reads JSON lines (`StageTarget.json_lines`), each row is instead encoded the
+moment it is taken, while its values are still in the CPU cache, and appended to one buffer: one
+C call per row (orjson) rather than the column-by-column passes over a whole chunk that a tabular
+stage needs, each of which misses the cache on every value. The row itself is not kept, so the
+memory of one event is reused by the next instead of a chunk's worth of objects being allocated,
+page-faulted in and freed per chunk. Rows holding a value of a column promoted later (int, then
+text) are decoded and encoded again at `take_json`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from eventspark.steps.typing import (
 
 _MISSING = object()
 _dumps = orjson.dumps
+_NEWLINE = orjson.OPT_APPEND_NEWLINE
 _STAGE_KIND: dict[DataType, type] = {
     DataType.BOOL: bool,
     DataType.INT64: int,
@@ -76,6 +80,7 @@ class ChunkBuffer:
     """Accepts rows for one table; `take` hands them over as a chunk with its column types."""
 
     __slots__ = (
+        "count",
         "existing",
         "fixed_types",
         "kinds",
@@ -100,8 +105,9 @@ class ChunkBuffer:
         self.table = table
         self.existing: Mapping[str, DataType | None] = existing or {}
         self.primary_keys = primary_keys
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = []  # without json_lines
         self.seqs: list[int] = []
+        self.count = 0
         self.types: dict[str, DataType] = {}
         # Per column, the Python type of values that need no work: `types` as seen by the fast path.
         self.kinds: dict[str, type | None] = {}
@@ -110,14 +116,15 @@ class ChunkBuffer:
         self.fixed_types: dict[str, tuple[DataType, str | None]] = {}
         # Columns cast to a literal SQL type this module can check (`steps.literals`).
         self.literal_checks: dict[str, LiteralCheck] = {}
-        # Each row as a JSON object, when the stage reads them.
-        self.lines: list[bytes] | None = [] if json_lines else None
+        # Each row as a JSON object and a newline, when the stage reads them.
+        self.lines: bytearray | None = bytearray() if json_lines else None
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self.count
 
     def add(self, values: dict[str, Any], casts: Mapping[str, str], seq: int = 0) -> str | None:
-        """Takes the row (its dict is kept and may be changed) or returns why it does not fit."""
+        """Takes the row (its dict may be changed, and is kept unless the buffer encodes it as JSON)
+        or returns why it does not fit."""
         for key in self.primary_keys:
             if values.get(key) is None:
                 return f"primary key field {key!r} is missing"
@@ -134,20 +141,22 @@ class ChunkBuffer:
             error = self._add_value(values, name, value, casts)
             if error is not None:
                 return error
-        if self.lines is not None:
-            if self.primary_keys:
-                values[ORDER_COLUMN] = seq
+        self.count += 1
+        if self.lines is None:
+            self.rows.append(values)
+            self.seqs.append(seq)
+            return None
+        if self.primary_keys:
+            values[ORDER_COLUMN] = seq
+        try:
+            self.lines += _dumps(values, option=_NEWLINE)
+        except TypeError:  # an integer beyond 64 bits, in a column promoted to hold it
+            _convert_row(values, self.mixed, self.types)
             try:
-                line = _dumps(values)
-            except TypeError:  # an integer beyond 64 bits, in a column promoted to hold it
-                _convert_row(values, self.mixed, self.types)
-                try:
-                    line = _dumps(values)
-                except TypeError as exc:
-                    return f"the event cannot be staged as JSON: {exc}"
-            self.lines.append(line)
-        self.rows.append(values)
-        self.seqs.append(seq)
+                self.lines += _dumps(values, option=_NEWLINE)
+            except TypeError as exc:
+                self.count -= 1
+                return f"the event cannot be staged as JSON: {exc}"
         return None
 
     def _add_value(self, values: dict[str, Any], name: str, value: Any, casts: Mapping[str, str]) -> str | None:
@@ -231,15 +240,16 @@ class ChunkBuffer:
                 row.append(seq)
         return self._stage_types(ordered), rows, self._reset()
 
-    def take_json(self) -> tuple[dict[str, DataType], list[bytes], BatchHeader]:
-        """The buffered rows as JSON objects (with ORDER_COLUMN when the table has a primary key),
-        their stage types and header; then empty. Only for a buffer made with `json_lines`."""
+    def take_json(self) -> tuple[dict[str, DataType], bytearray, BatchHeader]:
+        """The buffered rows as JSON lines (objects with ORDER_COLUMN when the table has a primary
+        key), their stage types and header; then empty. Only for a buffer made with `json_lines`."""
         lines = self.lines
         assert lines is not None, "a buffer made without json_lines"
         if self.mixed:
-            for index, row in enumerate(self.rows):
-                if _convert_row(row, self.mixed, self.types):
-                    lines[index] = _dumps(row)
+            lines = bytearray()
+            for line in self.lines.split(b"\n")[:-1]:  # orjson escapes newlines inside strings
+                row = orjson.loads(line)
+                lines += _dumps(row, option=_NEWLINE) if _convert_row(row, self.mixed, self.types) else line + b"\n"
         return self._stage_types(bool(self.primary_keys)), lines, self._reset()
 
     def _stage_types(self, ordered: bool) -> dict[str, DataType]:
@@ -252,8 +262,9 @@ class ChunkBuffer:
         fields = {name: Field(t, self.sql_types.get(name)) for name, t in self.types.items()}
         header = BatchHeader(self.table, fields)
         self.rows, self.seqs, self.types, self.kinds, self.mixed = [], [], {}, {}, set()
+        self.count = 0
         if self.lines is not None:
-            self.lines = []
+            self.lines = bytearray()
         return header
 
 

@@ -132,7 +132,7 @@ class PartitionTask:
             self.fail(file, dest_id, table, line, error)
             return
         counts[0] += 1
-        if len(buffer.rows) >= self.plan.chunk_rows:
+        if len(buffer) >= self.plan.chunk_rows:
             self.flush(dest_id, buffer)
 
     def target(self, file: str, dest_id: str, table: str) -> tuple[ChunkBuffer, list[int]] | None:
@@ -184,20 +184,21 @@ class PartitionTask:
         return found[1]
 
     def flush(self, dest_id: str, buffer: ChunkBuffer) -> None:
+        count = len(buffer)
         json_lines = buffer.lines is not None
         if json_lines:
             columns, data, header = buffer.take_json()
         else:
             keys = self.plan.primary_keys.get(dest_id, ())
             columns, data, header = buffer.take(ordered=bool(keys))  # type: ignore[assignment]
-        if not data or (dest_id, buffer.table) in self.errors:
+        if not count or (dest_id, buffer.table) in self.errors:
             return
         try:
             writer = self.writers.get(dest_id)
             if writer is None:
                 writer = self.writers[dest_id] = self.plan.stages[dest_id].open()
             if json_lines:
-                chunk = cast(JsonStageWriter, writer).write_json(columns, data)
+                chunk = cast(JsonStageWriter, writer).write_json(columns, data, count)
             else:
                 chunk = writer.write(columns, data)  # type: ignore[arg-type]
         except DestinationError as exc:

@@ -106,9 +106,9 @@ class StageWriter(Protocol):
 class JsonStageWriter(StageWriter, Protocol):
     """A writer that also stages rows the executor encoded as JSON objects, one per row."""
 
-    def write_json(self, columns: Mapping[str, DataType], lines: Sequence[bytes]) -> StagedChunk:
-        """Stages one chunk: `lines` are JSON objects keyed by column (keys outside `columns` hold
-        only nulls), values in the stage types of `columns`."""
+    def write_json(self, columns: Mapping[str, DataType], lines: bytes | bytearray, rows: int) -> StagedChunk:
+        """Stages one chunk of `rows` rows: `lines` holds one JSON object per line, keyed by column
+        (keys outside `columns` hold only nulls), values in the stage types of `columns`."""
         ...
 
 

@@ -137,10 +137,12 @@ class ClickHouseStageWriter:
         body = encode_rows(rows, [STAGE_ENCODERS[t] for t in columns.values()])
         return self._stage(columns, len(rows), "TabSeparated", body)
 
-    def write_json(self, columns: Mapping[str, DataType], lines: Sequence[bytes]) -> StagedChunk:
-        return self._stage(columns, len(lines), "JSONEachRow", b"\n".join(lines))
+    def write_json(self, columns: Mapping[str, DataType], lines: bytes | bytearray, rows: int) -> StagedChunk:
+        return self._stage(columns, rows, "JSONEachRow", lines)
 
-    def _stage(self, columns: Mapping[str, DataType], count: int, data_format: str, body: bytes) -> StagedChunk:
+    def _stage(
+        self, columns: Mapping[str, DataType], count: int, data_format: str, body: bytes | bytearray
+    ) -> StagedChunk:
         ref = new_stage_table(self._target.job_id)
         name = f"{quote(self._target.db)}.{quote(ref)}"
         defs = ", ".join(f"{quote(c)} {STAGE_TYPES[t]}" for c, t in columns.items())

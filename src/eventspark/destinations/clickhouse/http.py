@@ -120,7 +120,7 @@ class Client:
     def execute(
         self,
         sql: str,
-        data: bytes | None = None,
+        data: bytes | bytearray | None = None,
         doing: str = "running a statement",
         settings: Mapping[str, str] | None = None,
     ) -> bytes:
@@ -131,6 +131,7 @@ class Client:
         params = dict(self.endpoint.settings)
         params.update(settings or {})
         params["wait_end_of_query"] = "1"
+        body: bytes | bytearray
         if data is None:
             body = sql.encode()
         else:
@@ -144,7 +145,7 @@ class Client:
         data: list[list[Any]] = orjson.loads(text)["data"]
         return data
 
-    def _post(self, path: str, body: bytes, doing: str) -> bytes:
+    def _post(self, path: str, body: bytes | bytearray, doing: str) -> bytes:
         credentials = f"{self.endpoint.user}:{self.endpoint.password}".encode()
         headers = {
             "Authorization": "Basic " + base64.b64encode(credentials).decode(),
@@ -159,7 +160,9 @@ class Client:
             raise _server_error(response.status, payload, f"clickhouse: {doing}")
         return payload
 
-    def _exchange(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[http.client.HTTPResponse, bytes]:
+    def _exchange(
+        self, path: str, body: bytes | bytearray, headers: dict[str, str]
+    ) -> tuple[http.client.HTTPResponse, bytes]:
         """One request; sent again on a fresh connection when a kept-alive one turns out closed
         while *sending* (the server never saw the request, so sending it again is safe)."""
         if self._conn is not None and time.monotonic() - self._used > IDLE_RECONNECT:
