@@ -110,3 +110,27 @@ def test_integers_beyond_bigint_never_stay_in_a_bigint_column() -> None:
         assert buffer.add({"n": value}, {}) is None
     columns, rows, _ = buffer.take()
     assert columns == {"n": F} and [row[0] for row in rows] == [1.0, float(-(2**63) - 1)]
+
+
+def test_values_the_stage_cannot_hold_fail_their_event_not_the_chunk() -> None:
+    from datetime import date
+
+    for json_lines in (False, True):
+        buffer = ChunkBuffer("t", None, json_lines=json_lines)
+        error = buffer.add({"n": 10**400}, {})  # a mapping constant could; no float holds it
+        assert error is not None and "'n'" in error and len(buffer) == 0
+        assert buffer.add({"n": 2**70, "d": date(2026, 11, 24)}, {}) is None
+        if json_lines:
+            columns, lines, _ = buffer.take_json()
+            rows = [orjson.loads(line) for line in lines.splitlines()]
+        else:
+            columns, lists, _ = buffer.take()
+            rows = [dict(zip(columns, row, strict=True)) for row in lists]
+        assert columns == {"n": F, "d": T} and rows == [{"n": float(2**70), "d": "2026-11-24T00:00:00.000000Z"}]
+
+
+def test_the_order_column_name_is_reserved() -> None:
+    for keys in ((), ("id",)):
+        buffer = ChunkBuffer("t", None, primary_keys=keys, json_lines=bool(keys))
+        error = buffer.add({"id": "a", ORDER_COLUMN: 5}, {}, seq=1)
+        assert error is not None and "reserved" in error and len(buffer) == 0

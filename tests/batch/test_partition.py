@@ -46,7 +46,10 @@ class RecordingJsonStage(RecordingStage):
     json_lines = True
 
     def write_json(self, columns: Mapping[str, DataType], lines: bytes | bytearray, rows: int) -> StagedChunk:
-        decoded = [[orjson.loads(line).get(c) for c in columns] for line in bytes(lines).splitlines()]
+        objects = [orjson.loads(line) for line in bytes(lines).splitlines()]
+        # A key without a staging column must be null in every row (the stage skips such keys).
+        assert all(v is None for o in objects for k, v in o.items() if k not in columns)
+        decoded = [[o.get(c) for c in columns] for o in objects]
         assert len(decoded) == rows
         return self.write(columns, decoded)
 

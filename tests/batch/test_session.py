@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -37,24 +36,3 @@ def test_environment_defaults_keep_what_is_set() -> None:
     prepare_environment(env)
     assert env["PYSPARK_PYTHON"] == sys.executable == env["PYSPARK_DRIVER_PYTHON"]
     assert env["SPARK_LOCAL_IP"] == "10.0.0.5"
-
-
-def _faults_of_freed_chunks(_: object) -> list[int]:
-    """Page faults of building then freeing a 90 MB buffer, twice, in this process."""
-    import resource
-
-    faults = []
-    for _round in range(2):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        buffer = bytearray()
-        for _row in range(50_000):
-            buffer += b"x" * 1800
-        del buffer
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    return faults
-
-
-def test_python_workers_keep_freed_chunk_memory(spark: Any) -> None:
-    # 90 MB is ~22k pages: without the malloc settings every chunk faults them all in again.
-    (_first, second), *_ = spark.sparkContext.parallelize([0], 1).map(_faults_of_freed_chunks).collect()
-    assert second < 1_000

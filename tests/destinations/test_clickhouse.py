@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 
 from eventspark.config.models import ClickHouseDestination
 from eventspark.destinations import build_destination
-from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, TerminalError, TransientError
+from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, TerminalError, TransientError, new_job_id
 from eventspark.destinations.clickhouse import load as ch_load
 from eventspark.destinations.clickhouse.adapter import (
     MEMORY_STAGE_MAX_BYTES,
@@ -181,11 +183,43 @@ class TestClickHouseAdapter(AdapterContract):
         with pytest.raises(TransientError, match="holds 0 of its 3 rows"):
             adapter.commit(Load("d", target, chunks, ["l"]))
         assert adapter.loaded_files("d", ["l"]) == set()
+        assert self.query(adapter, f"SELECT count() FROM {self.name(adapter, 'mem')}") == [(0,)]  # nothing copied
+
+    def test_a_killed_pass_memory_stages_go_after_an_hour(self, adapter: ClickHouseAdapter) -> None:
+        two_hours_ago = new_job_id(time.time() - 7200)
+        memory = adapter.stage_target(two_hours_ago, pass_bytes=1000).open()
+        log_stage = adapter.stage_target(two_hours_ago).open()
+        kept = [memory.write_json({"n": N}, b'{"n":1}\n', 1), log_stage.write_json({"n": N}, b'{"n":1}\n', 1)]
+        memory.close()
+        log_stage.close()
+        adapter.drop_stale_stages(time.time() - 24 * 3600)
+        left = self.server.query(
+            f"SELECT name FROM system.tables WHERE database = '{adapter.schema}' AND name LIKE '_es_stage_%'"
+        )
+        assert left == [[kept[1].ref]]  # the Log stage waits for the day
 
     def test_a_large_pair_is_copied_by_several_inserts_at_once(
         self, adapter: ClickHouseAdapter, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         monkeypatch.setattr(ch_load, "MIN_COPY_ROWS", 2)
+        running = [0, 0]  # copies running now, most at once
+        lock = threading.Lock()
+        execute = Client.execute
+
+        def spy(client: Client, sql: str, *args: Any, **kwargs: Any) -> bytes:
+            if not (sql.startswith("INSERT INTO") and " SELECT " in sql):
+                return execute(client, sql, *args, **kwargs)
+            with lock:
+                running[0] += 1
+                running[1] = max(running)
+            try:
+                time.sleep(0.2)  # long enough for every copy to have started
+                return execute(client, sql, *args, **kwargs)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        monkeypatch.setattr(Client, "execute", spy)
         target = self.create(adapter, "par", {**EVENT_COLUMNS, "n": N})
         columns = {**EVENT_COLUMNS, "n": N}
         chunks = [
@@ -195,12 +229,25 @@ class TestClickHouseAdapter(AdapterContract):
         assert len(ch_load.copy_groups(Load("d", target, chunks, []))) == 4
         adapter.commit(Load("d", target, chunks, ["l"]))
         assert self.query(adapter, f"SELECT count(), sum(n) FROM {self.name(adapter, 'par')}") == [(20, 35)]
-        # One of the inserts failing fails the commit, and no marker is written.
-        again = [self.stage(adapter, "jq", columns, [["2020-08-02T18:23:56Z", f"x{c}", 1]] * 2) for c in range(3)]
+        assert running[1] == 4  # the four INSERTs ran at once
+        # One of the inserts failing fails the commit and no marker is written; the others went
+        # in (the rerun inserts them again: ReplacingMergeTree collapses the copies).
+        again = [
+            self.stage(adapter, "jq", columns, [["2020-08-02T18:23:56Z", f"x{c}-{i}", 1] for i in range(2)])
+            for c in range(3)
+        ]
+        self.server.query(f"TRUNCATE TABLE {self.name(adapter, again[1].ref)}")
+        with pytest.raises(TransientError, match="holds 0 of its 2 rows"):
+            adapter.commit(Load("d", target, again, ["l2"]))  # found short before any copy
         self.server.query(f"DROP TABLE {self.name(adapter, again[1].ref)}")
+        monkeypatch.setattr(ClickHouseAdapter, "_check_stage", lambda *args: None)
         with pytest.raises(TerminalError):
             adapter.commit(Load("d", target, again, ["l2"]))
         assert adapter.loaded_files("d", ["l2"]) == set()
+        partial = self.server.query(
+            f"SELECT count() FROM {self.name(adapter, 'par')} WHERE startsWith(eventn_ctx_event_id, 'x')"
+        )
+        assert partial == [[4]]  # the two chunks whose INSERTs succeeded
 
     def test_add_columns_and_promote(self, adapter: ClickHouseAdapter) -> None:
         target = self.create(adapter, "p", {**EVENT_COLUMNS, "n": F})

@@ -14,8 +14,8 @@ moment it is taken, while its values are still in the CPU cache, and appended to
 C call per row (orjson) rather than the column-by-column passes over a whole chunk that a tabular
 stage needs, each of which misses the cache on every value. The row itself is not kept, so the
 memory of one event is reused by the next instead of a chunk's worth of objects being allocated,
-page-faulted in and freed per chunk. Rows holding a value of a column promoted later (int, then
-text) are decoded and encoded again at `take_json`.
+page-faulted in and freed per chunk. When a column was promoted later in the chunk (int, then
+text), `take_json` decodes every line and encodes again those holding a value to convert.
 """
 
 from __future__ import annotations
@@ -128,6 +128,8 @@ class ChunkBuffer:
         for key in self.primary_keys:
             if values.get(key) is None:
                 return f"primary key field {key!r} is missing"
+        if ORDER_COLUMN in values:
+            return f"field {ORDER_COLUMN!r} is reserved for eventspark's own use: rename it with a mapping"
         expected = self.kinds.get
         for name, value in values.items():
             # Fast path, most values: the column's type is known in this chunk and the value is
@@ -141,22 +143,22 @@ class ChunkBuffer:
             error = self._add_value(values, name, value, casts)
             if error is not None:
                 return error
-        self.count += 1
         if self.lines is None:
             self.rows.append(values)
             self.seqs.append(seq)
-            return None
-        if self.primary_keys:
-            values[ORDER_COLUMN] = seq
-        try:
-            self.lines += _dumps(values, option=_NEWLINE)
-        except TypeError:  # an integer beyond 64 bits, in a column promoted to hold it
-            _convert_row(values, self.mixed, self.types)
+        else:
+            if self.primary_keys:
+                values[ORDER_COLUMN] = seq
             try:
-                self.lines += _dumps(values, option=_NEWLINE)
-            except TypeError as exc:
-                self.count -= 1
-                return f"the event cannot be staged as JSON: {exc}"
+                line = _dumps(values, option=_NEWLINE)
+            except TypeError:  # an integer beyond 64 bits: its column is marked for conversion
+                try:
+                    _convert_row(values, self.mixed, self.types)
+                    line = _dumps(values, option=_NEWLINE)
+                except (TypeError, ValueError) as exc:
+                    return f"the event cannot be staged as JSON: {exc}"
+            self.lines += line
+        self.count += 1
         return None
 
     def _add_value(self, values: dict[str, Any], name: str, value: Any, casts: Mapping[str, str]) -> str | None:
@@ -169,8 +171,13 @@ class ChunkBuffer:
         if name in ALWAYS_TIMESTAMP or (casts and name in casts):
             return self._fit(values, name, value, self._fixed_type(name, casts))
         found = infer_type(value)
-        if found is DataType.INT64 and not _INT64_MIN <= value <= _INT64_MAX:
-            found = DataType.FLOAT64  # a JSON integer beyond bigint: kept as a number
+        if type(value) is not _STAGE_KIND[found]:
+            # Not in stage form: an integer beyond bigint (FLOAT64), a structure or a date a
+            # mapping constant put there. Converted at `take`; refused now if it cannot be.
+            try:
+                to_stage(value, found)
+            except ValueError as exc:
+                return f"column {name!r}: {exc}"
             self.mixed.add(name)
         current = self.types.get(name)
         if current is None:
@@ -178,8 +185,6 @@ class ChunkBuffer:
         elif current is not found:
             self._set_type(name, promote(current, found))
             self.mixed.add(name)
-        if found is DataType.STRING and type(value) is not str:
-            self.mixed.add(name)  # a structure a mapping constant put there: staged as JSON text
         return None
 
     def _fixed_type(self, name: str, casts: Mapping[str, str]) -> DataType:
@@ -245,11 +250,15 @@ class ChunkBuffer:
         key), their stage types and header; then empty. Only for a buffer made with `json_lines`."""
         lines = self.lines
         assert lines is not None, "a buffer made without json_lines"
-        if self.mixed:
+        if self.mixed:  # decode every line, encode again those holding a value to convert
             lines = bytearray()
             for line in self.lines.split(b"\n")[:-1]:  # orjson escapes newlines inside strings
                 row = orjson.loads(line)
-                lines += _dumps(row, option=_NEWLINE) if _convert_row(row, self.mixed, self.types) else line + b"\n"
+                if _convert_row(row, self.mixed, self.types):
+                    lines += _dumps(row, option=_NEWLINE)
+                else:
+                    lines += line
+                    lines += b"\n"
         return self._stage_types(bool(self.primary_keys)), lines, self._reset()
 
     def _stage_types(self, ordered: bool) -> dict[str, DataType]:

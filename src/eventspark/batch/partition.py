@@ -16,6 +16,7 @@ from typing import IO, Any, cast
 import orjson
 
 from eventspark.batch.chunks import ChunkBuffer
+from eventspark.batch.memory import keep_freed_memory
 from eventspark.batch.plan import JobPlan
 from eventspark.batch.splits import Split, read_split
 from eventspark.destinations.base import DestinationError, JsonStageWriter, StageWriter
@@ -49,6 +50,7 @@ def process_splits(plan: JobPlan, task_id: int, splits: Iterable[Split]) -> list
     # it was, when the task ends.
     collecting = gc.isenabled()
     gc.disable()
+    keep_freed_memory()
     task = PartitionTask(plan, task_id)
     try:
         for split in splits:

@@ -30,12 +30,6 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.python.worker.reuse": "true",
-    # A task buffers chunks of tens of MB and frees them when staged. glibc would hand that memory
-    # back to the kernel each time (large blocks are mmap'ed, the heap top is trimmed) and the
-    # next chunk would fault every page in again, a few µs per 4 KiB page on a VM. Python workers
-    # keep it instead: blocks up to 256 MiB come from the heap, which is never trimmed.
-    "spark.executorEnv.MALLOC_MMAP_THRESHOLD_": str(256 * 1024 * 1024),
-    "spark.executorEnv.MALLOC_TRIM_THRESHOLD_": str(16 * 1024**3),
 }
 
 _lock = threading.Lock()

@@ -2,15 +2,16 @@
 
 Batch: each executor chunk becomes its own staging table (`Memory` for a pass of up to 512 MiB of
 logs, else `Log`), written with one `INSERT ... FORMAT JSONEachRow` of rows the executor encoded
-one by one (50,000 rows by default). The driver commits a pair: the chunks are cast to the
-target's exact types and copied into it with `INSERT ... SELECT` (a few at once for a large pair;
-through a *prepared* table first when a cast can be refused, so that a bad value fails before the
-target is touched); then the stage is counted (every staged row must still be there) and one
-marker row per source file is written.
+one by one (50,000 rows by default). The driver commits a pair: the stage is counted (every
+staged row must be there), the chunks are cast to the target's exact types and copied into it
+with `INSERT ... SELECT` (a few at once for a large pair; through a *prepared* table first when a
+cast can be refused, so that a bad value fails before the target is touched); then the stage is
+counted again and one marker row per source file is written.
 
 ClickHouse has no transactions, so the guarantee is this: a failed cast leaves the target
-unchanged; a crash or a lost connection after the copy started and before the marker was written
-makes the rerun insert the pair's events again, and those copies carry the same ORDER BY key
+unchanged; a crash, a lost connection, one of the concurrent copies failing, or a stage found
+short after the copy (a restart during it), all after the copy started and before the marker was
+written, make the rerun insert the pair's events again, and those copies carry the same ORDER BY key
 (`eventn_ctx_event_id` by default), which ReplacingMergeTree collapses into one row when parts
 merge. Queries see every event exactly once with `FINAL` or after `OPTIMIZE TABLE ... FINAL`.
 A table whose engine keeps duplicates (a custom `raw_statement`, or no event id column) gets
@@ -20,6 +21,7 @@ at-least-once in that window. Stream mode appends rows the same way (no upsert b
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from eventspark.destinations.base import (
     StagedChunk,
     TerminalError,
     TransientError,
+    job_started_at,
 )
 from eventspark.destinations.clickhouse import rows as row_text
 from eventspark.destinations.clickhouse.ddl import (
@@ -74,6 +77,9 @@ _TSV_INSERT = "INSERT INTO {} ({}) FORMAT TabSeparated"
 _SKIP_UNKNOWN = {"input_format_skip_unknown_fields": "1"}
 MEMORY_STAGE_MAX_BYTES = 512 * 1024 * 1024
 """Passes over at most this many bytes of logs stage in Memory tables, larger ones in Log tables."""
+MEMORY_STAGE_MAX_AGE = 3600.0
+"""Seconds after which a Memory staging table is a killed pass's leftover (passes this small last
+minutes); `drop_stale_stages` drops it."""
 
 
 def stage_engine(pass_bytes: int) -> str:
@@ -265,6 +271,7 @@ class ClickHouseAdapter(StagingTableAdapter):
         client = self._connection()
         doing = f"loading table {load.table.name!r}"
         if load.chunks:
+            self._check_stage(client, load, doing)
             columns = load_columns(load)
             names = ", ".join(quote(c) for c in columns)
             target = self.layout.insert_target(load.table.name)
@@ -288,9 +295,11 @@ class ClickHouseAdapter(StagingTableAdapter):
         self._drop(client, refs + [chunk.ref for chunk in load.chunks])
 
     def _check_stage(self, client: Client, load: Load, doing: str) -> None:
-        """TransientError unless the stage still holds every row the executors staged. Checked after
-        the copy: a Memory table emptied by a restart stays empty, so full counts now mean the copy
-        read every row; otherwise the pass is retried (rows copied twice collapse on merge)."""
+        """TransientError unless the stage still holds every row the executors staged. Checked
+        before the copy (nothing copied yet) and after it: a Memory table emptied by a restart
+        stays empty, so full counts after the copy mean it read every row. A restart during the
+        copy fails the pair after some rows went in; the rerun inserts them again (see the
+        module docstring on duplicates)."""
         counts = " UNION ALL ".join(
             f"SELECT {literal(chunk.ref)}, count() FROM {self._name(chunk.ref)}" for chunk in load.chunks
         )
@@ -356,15 +365,25 @@ class ClickHouseAdapter(StagingTableAdapter):
         )
         return {(f, t) for f, t in rows}
 
-    def _drop_stages_where(self, matches: Callable[[str], bool]) -> None:
+    def drop_stale_stages(self, before: float) -> None:
+        # A killed pass's Memory tables hold server RAM: they go after an hour, not a day.
+        memory_before = max(before, time.time() - MEMORY_STAGE_MAX_AGE)
+        self._drop_stages_where(
+            lambda stage_job: (job_started_at(stage_job) or before) < before,
+            memory=lambda stage_job: (job_started_at(stage_job) or memory_before) < memory_before,
+        )
+
+    def _drop_stages_where(self, matches: Callable[[str], bool], memory: Callable[[str], bool] | None = None) -> None:
+        """Drops the staging tables whose job part matches (`memory`, if given, for Memory ones)."""
         client = self._connection()
         rows = client.rows(
-            f"SELECT name FROM system.tables WHERE database = {literal(self.layout.db)} "
+            f"SELECT name, engine FROM system.tables WHERE database = {literal(self.layout.db)} "
             f"AND substring(name, 1, {len(STAGE_PREFIX)}) = {literal(STAGE_PREFIX)}",
             doing="listing staging tables",
         )
-        for (name,) in rows:
-            if matches(name[len(STAGE_PREFIX) :]):
+        for name, engine in rows:
+            test = memory if memory is not None and engine == "Memory" else matches
+            if test(name[len(STAGE_PREFIX) :]):
                 client.execute(f"DROP TABLE IF EXISTS {self._name(name)}", doing="dropping staging tables")
 
     # --- stream -------------------------------------------------------------------------------

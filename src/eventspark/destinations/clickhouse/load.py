@@ -75,8 +75,9 @@ def casts_cannot_fail(load: Load, columns: list[str]) -> bool:
 
 
 def copy_groups(load: Load, streams: int = MAX_COPY_STREAMS) -> list[Load]:
-    """`load` cut into at most `streams` loads of whole chunks, about equal in rows and each of at
-    least MIN_COPY_ROWS; one when only the last row of each key is kept (that needs every chunk)."""
+    """`load` cut into at most `streams` loads of whole chunks, at most one per MIN_COPY_ROWS rows,
+    spread to be about equal in rows; one when only the last row of each key is kept (that needs
+    every chunk)."""
     total = sum(chunk.rows for chunk in load.chunks)
     count = min(streams, len(load.chunks), max(1, total // MIN_COPY_ROWS))
     if count <= 1 or (load.ordered and load.table.primary_keys):
