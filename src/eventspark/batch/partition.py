@@ -8,6 +8,7 @@ failed events. Events never leave the executor except into the warehouse's stage
 from __future__ import annotations
 
 import gc
+import os
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -215,6 +216,10 @@ class PartitionTask:
         for (dest_id, _table), buffer in self.buffers.items():
             self.flush(dest_id, buffer)
         for _path, handle in self.spools.values():
+            # The pass may commit a pair and mark its log done before these lines reach events/failed:
+            # they must outlive a power loss until then (the driver parks them, fsynced, first).
+            handle.flush()
+            os.fsync(handle.fileno())
             handle.close()
         out: list[tuple[Any, ...]] = []
         for (file, dest_id, table), (rows, failed, skipped) in self.counts.items():

@@ -73,10 +73,24 @@ def write_status(log: Path, status: LogStatus) -> None:
 
 
 def replace_file(target: Path, data: bytes) -> None:
-    """Writes `data` to a temporary file and renames it over `target`: a crash leaves the old or the new."""
+    """Writes `data` to a temporary file and renames it over `target`: a crash, or a power loss
+    (the data and the rename are fsynced), leaves the old or the new."""
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_bytes(data)
+    with tmp.open("wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(tmp, target)
+    sync_dir(target.parent)
+
+
+def sync_dir(folder: Path) -> None:
+    """fsyncs a folder, so that files created, renamed or removed in it stay so after a power loss."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def uploaded_tables(status: LogStatus, dest_id: str) -> frozenset[str]:
