@@ -560,6 +560,29 @@ def test_batch_crash_between_copy_and_marker_then_rerun(
 
 
 @pytest.mark.spark
+def test_batch_with_a_server_restart_between_stage_and_commit_loses_nothing(
+    spark: Any, tmp_path: Any, clickhouse_server: ClickHouseServer, clickhouse_db: str
+) -> None:
+    from tests.batch.helpers import event, put_log
+
+    loaded = _config(tmp_path, clickhouse_server, clickhouse_db, "t")
+    log = put_log(tmp_path, [event(str(i), n=i) for i in range(20)])
+
+    def restart(point: str) -> None:
+        if point == "staged":  # the executors' Memory staging tables come back empty
+            clickhouse_server.stop()
+            clickhouse_server.start()
+
+    first = _batch(spark, loaded, fault=restart)
+    assert not first.ok and log.exists()
+    assert "holds 0 of its" in first.pairs["ch", "t"].error
+    assert _batch(spark, loaded).ok and not log.exists()
+    assert _final(clickhouse_server, clickhouse_db, f"SELECT count(), uniqExact(n) FROM `{clickhouse_db}`.t") == [
+        (20, 20)
+    ]
+
+
+@pytest.mark.spark
 def test_batch_with_the_server_down_keeps_the_log_then_loads_it(
     spark: Any, tmp_path: Any, clickhouse_server: ClickHouseServer, clickhouse_db: str
 ) -> None:
