@@ -23,6 +23,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+from eventspark.logs.status import sync_dir
+
 __all__ = [
     "AppendOnlyFile",
     "IncomingLogs",
@@ -192,7 +194,7 @@ class IncomingLogs:
             file.size = file.lines = 0
             rotated.append(target)
         if rotated and self.fsync:
-            _fsync_dir(self.incoming_dir)
+            sync_dir(self.incoming_dir)
         return rotated
 
     def close(self) -> list[Path]:
@@ -210,14 +212,6 @@ def _free_rotated_path(directory: Path, token_id: str, now: datetime, worker: in
         if not target.exists():
             return target
         now += timedelta(milliseconds=1)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- the server lock and rotation from another process --------------------------------------------
