@@ -134,3 +134,15 @@ def test_the_order_column_name_is_reserved() -> None:
         buffer = ChunkBuffer("t", None, primary_keys=keys, json_lines=bool(keys))
         error = buffer.add({"id": "a", ORDER_COLUMN: 5}, {}, seq=1)
         assert error is not None and "reserved" in error and len(buffer) == 0
+
+
+def test_int_then_float_needs_no_second_json_encoding_but_bool_then_float_does() -> None:
+    buffer = ChunkBuffer("t", None, json_lines=True)
+    assert buffer.add({"p": 12}, {}) is None and buffer.add({"p": 12.5}, {}) is None
+    encoded = buffer.lines
+    columns, lines, _ = buffer.take_json()
+    assert columns == {"p": F} and lines is encoded  # not decoded: a JSON number is read as a float
+    assert [orjson.loads(line) for line in lines.splitlines()] == [{"p": 12}, {"p": 12.5}]
+    assert buffer.add({"q": True}, {}) is None and buffer.add({"q": 2.5}, {}) is None
+    columns, lines, _ = buffer.take_json()
+    assert columns == {"q": F} and [orjson.loads(line) for line in lines.splitlines()] == [{"q": 1.0}, {"q": 2.5}]

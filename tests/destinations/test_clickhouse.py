@@ -140,6 +140,7 @@ class TestClickHouseAdapter(AdapterContract):
         rows = [
             ['tab\tnew\nline\\ \x00 "q" é — 😀', "\\N", -(2**63), 1e300, True, "2020-08-02T18:23:56.5+02:00"],
             [None, "", None, -0.5, False, None],
+            ["int in a float column", "", 7, 3, None, None],  # JSON: 3, read as Float64
         ]
         for table in ("via_tsv", "via_json"):
             target = self.create(adapter, table, columns)
@@ -154,7 +155,8 @@ class TestClickHouseAdapter(AdapterContract):
         select = "SELECT `a``b`, `it\\'s`, n, f, b, toString(ts, 'UTC') FROM {} ORDER BY f"
         via_tsv = self.query(adapter, select.format(self.name(adapter, "via_tsv")))
         assert via_tsv == self.query(adapter, select.format(self.name(adapter, "via_json")))
-        assert via_tsv[1][:5] == (rows[0][0], "\\N", -(2**63), 1e300, 1)
+        assert via_tsv[2][:5] == (rows[0][0], "\\N", -(2**63), 1e300, 1)
+        assert via_tsv[1][:5] == ("int in a float column", "", 7, 3.0, 0)
         assert via_tsv[0][:5] == ("", "", 0, -0.5, 0)  # NULLs in non-nullable columns: the defaults
 
     def test_json_lines_may_name_columns_the_chunk_lacks(self, adapter: ClickHouseAdapter) -> None:

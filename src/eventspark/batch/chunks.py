@@ -15,7 +15,8 @@ C call per row (orjson) rather than the column-by-column passes over a whole chu
 stage needs, each of which misses the cache on every value. The row itself is not kept, so the
 memory of one event is reused by the next instead of a chunk's worth of objects being allocated,
 page-faulted in and freed per chunk. When a column was promoted later in the chunk (int, then
-text), `take_json` decodes every line and encodes again those holding a value to convert.
+text), `take_json` decodes every line and encodes again those holding a value to convert; not
+for int, then float: a JSON number is read as either.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class ChunkBuffer:
         "literal_checks",
         "mixed",
         "primary_keys",
+        "recode",
         "rows",
         "seqs",
         "sql_types",
@@ -113,6 +115,8 @@ class ChunkBuffer:
         self.kinds: dict[str, type | None] = {}
         self.sql_types: dict[str, str] = {}
         self.mixed: set[str] = set()
+        # Mixed columns whose JSON must change too: all but int → float, as a JSON number is both.
+        self.recode: set[str] = set()
         self.fixed_types: dict[str, tuple[DataType, str | None]] = {}
         # Columns cast to a literal SQL type this module can check (`steps.literals`).
         self.literal_checks: dict[str, LiteralCheck] = {}
@@ -179,12 +183,16 @@ class ChunkBuffer:
             except ValueError as exc:
                 return f"column {name!r}: {exc}"
             self.mixed.add(name)
+            self.recode.add(name)
         current = self.types.get(name)
         if current is None:
             self._set_type(name, found)
         elif current is not found:
-            self._set_type(name, promote(current, found))
+            promoted = promote(current, found)
+            self._set_type(name, promoted)
             self.mixed.add(name)
+            if promoted is not DataType.FLOAT64 or DataType.BOOL in (current, found):
+                self.recode.add(name)
         return None
 
     def _fixed_type(self, name: str, casts: Mapping[str, str]) -> DataType:
@@ -250,11 +258,11 @@ class ChunkBuffer:
         key), their stage types and header; then empty. Only for a buffer made with `json_lines`."""
         lines = self.lines
         assert lines is not None, "a buffer made without json_lines"
-        if self.mixed:  # decode every line, encode again those holding a value to convert
+        if self.recode:  # decode every line, encode again those holding a value to convert
             lines = bytearray()
             for line in self.lines.split(b"\n")[:-1]:  # orjson escapes newlines inside strings
                 row = orjson.loads(line)
-                if _convert_row(row, self.mixed, self.types):
+                if _convert_row(row, self.recode, self.types):
                     lines += _dumps(row, option=_NEWLINE)
                 else:
                     lines += line
@@ -270,7 +278,7 @@ class ChunkBuffer:
     def _reset(self) -> BatchHeader:
         fields = {name: Field(t, self.sql_types.get(name)) for name, t in self.types.items()}
         header = BatchHeader(self.table, fields)
-        self.rows, self.seqs, self.types, self.kinds, self.mixed = [], [], {}, {}, set()
+        self.rows, self.seqs, self.types, self.kinds, self.mixed, self.recode = [], [], {}, {}, set(), set()
         self.count = 0
         if self.lines is not None:
             self.lines = bytearray()

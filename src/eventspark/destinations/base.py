@@ -108,7 +108,8 @@ class JsonStageWriter(StageWriter, Protocol):
 
     def write_json(self, columns: Mapping[str, DataType], lines: bytes | bytearray, rows: int) -> StagedChunk:
         """Stages one chunk of `rows` rows: `lines` holds one JSON object per line, keyed by column
-        (keys outside `columns` hold only nulls), values in the stage types of `columns`."""
+        (keys outside `columns` hold only nulls), values in the stage types of `columns` (an
+        integer may stand for a FLOAT64 value: a JSON number is either)."""
         ...
 
 
