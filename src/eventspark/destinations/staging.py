@@ -78,4 +78,9 @@ class StagingTableAdapter(DestinationAdapter):
         self._drop_stages_where(lambda stage_job: stage_job.startswith(job_id))
 
     def drop_stale_stages(self, before: float) -> None:
-        self._drop_stages_where(lambda stage_job: (job_started_at(stage_job) or before) < before)
+        self._drop_stages_where(started_before(before))
+
+
+def started_before(before: float) -> Callable[[str], bool]:
+    """Whether the job part of a stage name (`<job id>_...`) is a job started before epoch `before`."""
+    return lambda stage_job: (job_started_at(stage_job) or before) < before

@@ -9,8 +9,8 @@ Once a pair is committed its log is never read for that table again, so a crash 
 and the append would otherwise lose those failures; the next pass finds the parked spools and
 appends those whose pair the destination's load markers show committed (the others are dropped:
 the retry of the pair spools them again). A crash between an append and the removal of its parked
-spools can write those lines twice: the failed log is at-least-once, and loses nothing when the
-process crashes (spools are not fsynced: a power loss is another matter).
+spools can write those lines twice: the failed log is at-least-once. Spools are fsynced by the
+executors, manifests and the failed log here, so a power loss loses none of it either.
 """
 
 from __future__ import annotations

@@ -37,7 +37,6 @@ from eventspark.destinations.base import (
     StagedChunk,
     TerminalError,
     TransientError,
-    job_started_at,
 )
 from eventspark.destinations.clickhouse import rows as row_text
 from eventspark.destinations.clickhouse.ddl import (
@@ -57,6 +56,7 @@ from eventspark.destinations.staging import (
     is_user_table,
     load_columns,
     new_stage_table,
+    started_before,
     tables_from_columns,
 )
 from eventspark.destinations.tsv import STAGE_ENCODERS, encode_rows
@@ -368,10 +368,7 @@ class ClickHouseAdapter(StagingTableAdapter):
     def drop_stale_stages(self, before: float) -> None:
         # A killed pass's Memory tables hold server RAM: they go after an hour, not a day.
         memory_before = max(before, time.time() - MEMORY_STAGE_MAX_AGE)
-        self._drop_stages_where(
-            lambda stage_job: (job_started_at(stage_job) or before) < before,
-            memory=lambda stage_job: (job_started_at(stage_job) or memory_before) < memory_before,
-        )
+        self._drop_stages_where(started_before(before), memory=started_before(memory_before))
 
     def _drop_stages_where(self, matches: Callable[[str], bool], memory: Callable[[str], bool] | None = None) -> None:
         """Drops the staging tables whose job part matches (`memory`, if given, for Memory ones)."""
