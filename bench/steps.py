@@ -31,7 +31,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from eventspark.config.models import DuckDBDestination
+from eventspark.destinations.duckdb.configuration import DuckDBDestination
 from eventspark.steps.chain import DestinationChain, HeaderBuilder, Row
 from eventspark.steps.context import enrich_context
 from eventspark.steps.flatten import flatten

@@ -10,10 +10,11 @@ import typer
 from rich.console import Console
 
 from eventspark.config import ConfigError, LoadedConfig, load_config
+from eventspark.destinations.base import DestinationError
 
 app = typer.Typer(help="eventspark: self-hosted event collection on Apache Spark.", no_args_is_help=True)
-err = Console(stderr=True)
-out = Console()
+err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines, for grep and logs
+out = Console(soft_wrap=True)
 
 ConfigOption = Annotated[
     Path | None,
@@ -41,14 +42,28 @@ def _setup_logging(verbose: bool) -> None:
 
 @app.command()
 def check(config: ConfigOption = None) -> None:
-    """Validates a config file and prints what it configures."""
+    """Validates a config file and prints what it configures.
+
+    Exits 2 when the config cannot be used, 1 when it can but some keys have no effect (unknown,
+    misspelt, or useless where they are), 0 otherwise."""
     loaded = _load(config)
     cfg = loaded.config
+    from eventspark.destinations.registry import destination_type
+
+    for dest_id, dest in cfg.destinations.items():
+        try:
+            destination_type(dest.type).require_driver()
+        except DestinationError as exc:
+            err.print(f"[bold red]destination {dest_id}[/]: {exc}", highlight=False)
+            raise typer.Exit(code=2) from None
     out.print(f"config OK: {len(cfg.api_keys)} token(s), {len(cfg.destinations)} destination(s)")
     for dest_id, dest in cfg.destinations.items():
         template = dest.data_layout.table_name_template
         out.print(f"  {dest_id}: {dest.type}, {dest.mode} mode, table {template!r}", highlight=False)
     out.print(f"  spark master: {cfg.spark.master}", highlight=False)
+    if loaded.warnings:
+        err.print(f"[yellow]{len(loaded.warnings)} key(s) in the config have no effect[/] (see the warnings above)")
+        raise typer.Exit(code=1)
 
 
 @app.command()

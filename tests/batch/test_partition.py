@@ -13,8 +13,9 @@ import pytest
 from eventspark.batch.partition import SUMMARY_FIELDS, process_splits
 from eventspark.batch.plan import JobPlan, token_routes
 from eventspark.batch.splits import Split
-from eventspark.config.models import ApiKey, DuckDBDestination
+from eventspark.config.models import ApiKey
 from eventspark.destinations.base import ORDER_COLUMN, StagedChunk, TransientError
+from eventspark.destinations.duckdb.configuration import DuckDBDestination
 from eventspark.steps.typing import DataType
 
 

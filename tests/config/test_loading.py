@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 from eventspark.config import ConfigError, load_config
-from eventspark.config.models import ClickHouseDestination, DuckDBDestination, PostgresDestination
+from eventspark.destinations.clickhouse.configuration import ClickHouseDestination
+from eventspark.destinations.duckdb.configuration import DuckDBDestination
+from eventspark.destinations.postgres.configuration import PostgresDestination
 
 REFERENCE_CONFIG = """
 server:
@@ -138,7 +140,10 @@ def test_embedded_defaults() -> None:
         ("server: {port: abc}", r"server\.port: Input should be a valid integer"),
         ("server: {port: 70000}", r"server\.port: Input should be less than or equal to 65535"),
         ("destinations: {pg: {type: postgres}}", r"destinations\.pg\.datasource: Field required"),
-        ("destinations: {pg: {type: postgress, datasource: {db: a}}}", r"destinations\.pg: Input tag 'postgress'"),
+        (
+            "destinations: {pg: {type: postgress, datasource: {db: a}}}",
+            r"destinations\.pg: .*unknown destination type .postgress.; supported types: clickhouse, duckdb, mysql",
+        ),
         ("destinations: {pg: {type: postgres, mode: fast, datasource: {db: a}}}", r"destinations\.pg\.mode"),
         ("log: {rotation_min: 0}", r"log\.rotation_min: Input should be greater than 0"),
         ("api_keys: [{id: x}]", r"api_keys\.0: Value error, a token needs client_secret or server_secret"),
@@ -237,3 +242,45 @@ def test_check_command_on_missing_file(tmp_path: Path) -> None:
     result = run_check("-c", str(tmp_path / "absent.yaml"))
     assert result.returncode == 2
     assert "cannot read config file" in result.stderr
+
+
+def test_check_refuses_an_unsupported_type_naming_the_supported_ones(tmp_path: Path) -> None:
+    text = "destinations: {rs: {type: redshift, datasource: {db: a}}}\n"
+    result = run_check("-c", str(write(tmp_path, text)))
+    assert result.returncode == 2
+    assert "type 'redshift' is not supported yet; supported types: clickhouse, duckdb, mysql, postgres" in result.stderr
+
+
+def test_check_fails_on_keys_without_effect(tmp_path: Path) -> None:
+    text = "destinations: {d: {type: duckdb, stream: {min_insert_rows: 5}, colour: blue}}\n"
+    result = run_check("-c", str(write(tmp_path, text)))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "destinations.d.stream: has no effect in batch mode" in result.stderr
+    assert "destinations.d.colour: unknown key, ignored" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["global", "destination"])
+def test_enabled_users_recognition_is_refused_until_it_exists(tmp_path: Path, where: str) -> None:
+    section = "users_recognition: {enabled: true}"
+    text = f"{section}\n" if where == "global" else f"destinations: {{d: {{type: duckdb, {section}}}}}\n"
+    result = run_check("-c", str(write(tmp_path, text)))
+    assert result.returncode == 2
+    assert "user recognition is not implemented yet" in result.stderr
+    disabled = text.replace("enabled: true", "enabled: false")
+    assert run_check("-c", str(write(tmp_path, disabled))).returncode == 0
+
+
+def test_a_type_without_the_mode_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import dataclasses
+
+    from eventspark.destinations import registry
+
+    duck = registry.REGISTRY["duckdb"]
+    batch_only = dataclasses.replace(
+        duck, capabilities=dataclasses.replace(duck.capabilities, modes=frozenset({"batch"}))
+    )
+    monkeypatch.setattr(registry, "REGISTRY", {**registry.REGISTRY, "duckdb": batch_only})
+    with pytest.raises(
+        ConfigError, match=r"destinations\.d: .*type 'duckdb' does not support mode 'stream'; it supports: batch"
+    ):
+        load_config(write(tmp_path, "destinations: {d: {type: duckdb, mode: stream}}\n"), env={})

@@ -11,7 +11,6 @@ from typing import Any
 import orjson
 import pytest
 
-from eventspark.config.models import ClickHouseDestination
 from eventspark.destinations import build_destination
 from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, TerminalError, TransientError, new_job_id
 from eventspark.destinations.clickhouse import load as ch_load
@@ -21,6 +20,7 @@ from eventspark.destinations.clickhouse.adapter import (
     key_columns,
     stage_engine,
 )
+from eventspark.destinations.clickhouse.configuration import ClickHouseDestination
 from eventspark.destinations.clickhouse.ddl import add_column_statements, create_statements
 from eventspark.destinations.clickhouse.http import Client, _server_error, parse_dsn
 from eventspark.destinations.clickhouse.load import casts_cannot_fail, data_type_of

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from eventspark.config.models import MySQLDestination
 from eventspark.destinations import build_destination
 from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, TerminalError, TransientError
 from eventspark.destinations.mysql.adapter import MySQLAdapter
+from eventspark.destinations.mysql.configuration import MySQLDestination
 from eventspark.destinations.mysql.load import data_type_of, insert_select
 from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType

@@ -8,9 +8,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from eventspark.config.models import PostgresDestination
 from eventspark.destinations.base import TransientError
 from eventspark.destinations.postgres.adapter import PostgresAdapter
+from eventspark.destinations.postgres.configuration import PostgresDestination
 from eventspark.steps.diff import TablePatch
 from eventspark.steps.typing import DataType
 from tests.conftest import pg_conninfo

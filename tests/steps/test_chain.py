@@ -3,7 +3,7 @@ from pathlib import Path
 
 import orjson
 
-from eventspark.config.models import DuckDBDestination
+from eventspark.destinations.duckdb.configuration import DuckDBDestination
 from eventspark.steps.chain import DestinationChain, Failure, HeaderBuilder, Row
 from eventspark.steps.lookup import UserAgentParser
 from eventspark.steps.typing import DataType

@@ -13,14 +13,15 @@ from tests.stream.helpers import FAST, duckdb_stream, event, line, make_config, 
 from tests.stream.test_crashes import wait_for_rows
 
 
-def test_only_stream_destinations_with_a_stream_insert_get_a_worker(tmp_path: Path) -> None:
+def test_every_stream_destination_gets_a_worker(tmp_path: Path) -> None:
     destinations = {
         "dd": duckdb_stream(tmp_path / "w.duckdb"),
         "batch": {**duckdb_stream(tmp_path / "b.duckdb"), "mode": "batch"},
         "ch": {"type": "clickhouse", "mode": "stream", "clickhouse": {"dsns": ["http://ch:8123"], "db": "d"}},
+        "my": {"type": "mysql", "mode": "stream", "datasource": {"db": "d"}},
     }
     workers = StreamWorkers(make_config(tmp_path, destinations), MemoryCoordination("t"))
-    assert workers.destination_ids == ["dd"]
+    assert sorted(workers.destination_ids) == ["ch", "dd", "my"]
 
 
 def test_settings_come_from_the_stream_section(tmp_path: Path) -> None:

@@ -8,17 +8,18 @@ import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import orjson
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from eventspark.config.models import ApiKey, Config, Destination, DuckDBDestination
+from eventspark.config.models import ApiKey, Config
+from eventspark.destinations.duckdb.configuration import DuckDBDestination
+from eventspark.destinations.registry import REGISTRY
 
 ENV_PLACEHOLDER = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 MAX_CONFIG_BYTES = 10 * 1024 * 1024
-DESTINATION_TYPES = frozenset(t.model_fields["type"].annotation.__args__[0] for t in get_args(get_args(Destination)[0]))
 
 
 class ConfigError(ValueError):
@@ -37,7 +38,8 @@ def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -
     raw: Any = {} if path is None else read_config_file(Path(path))
     raw = substitute_env(raw, os.environ if env is None else env)
     config = validate_config(raw)
-    loaded = LoadedConfig(config=config, warnings=list(unknown_keys(config)))
+    check_unimplemented(config)
+    loaded = LoadedConfig(config=config, warnings=[*unknown_keys(config), *keys_without_effect(config)])
     apply_defaults(loaded, embedded=path is None)
     check_steps(config)
     return loaded
@@ -101,7 +103,7 @@ def format_validation_error(exc: ValidationError) -> str:
 def _location(loc: tuple[Any, ...]) -> str:
     # Drop pydantic's union tags (the `postgres` in destinations.pg.postgres.datasource) and validator names.
     parts = list(loc)
-    if len(parts) > 2 and parts[0] == "destinations" and parts[2] in DESTINATION_TYPES:
+    if len(parts) > 2 and parts[0] == "destinations" and parts[2] in REGISTRY:
         del parts[2]
     return ".".join(str(p) for p in parts if not (isinstance(p, str) and p.startswith("function-")))
 
@@ -127,6 +129,27 @@ def _unknown_in(value: Any, where: str) -> Iterator[str]:
 
 def _join(where: str, key: object) -> str:
     return f"{where}.{key}" if where else str(key)
+
+
+def check_unimplemented(config: Config) -> None:
+    """ConfigError for a feature the config turns on that eventspark does not have yet: serving
+    without it would silently do less than the config says."""
+    sections: list[tuple[str, Any]] = [("users_recognition", config.users_recognition)]
+    sections += [
+        (f"destinations.{d}.users_recognition", dest.users_recognition) for d, dest in config.destinations.items()
+    ]
+    for where, section in sections:
+        if section is not None and section.enabled:
+            raise ConfigError(
+                f"{where}: user recognition is not implemented yet; set enabled: false or remove the section"
+            )
+
+
+def keys_without_effect(config: Config) -> Iterator[str]:
+    """Warnings for known keys that the rest of the config makes useless."""
+    for dest_id, dest in config.destinations.items():
+        if dest.mode == "batch" and dest.stream.model_fields_set:
+            yield f"destinations.{dest_id}.stream: has no effect in batch mode"
 
 
 def apply_defaults(loaded: LoadedConfig, embedded: bool) -> None:

@@ -8,15 +8,42 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Union
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
+from eventspark.config.base import (
+    DataLayout,
+    DataSource,
+    DestinationBase,
+    DestinationStream,
+    EnrichmentRule,
+    MappingField,
+    Mappings,
+    Section,
+    UsersRecognition,
+)
+from eventspark.destinations.registry import check_mode, config_models, destination_type
 
-class Section(BaseModel):
-    """Base of every config section: unknown keys are kept so they can be reported."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+__all__ = [
+    "ApiKey",
+    "Config",
+    "CoordinationConfig",
+    "DataLayout",
+    "DataSource",
+    "Destination",
+    "DestinationBase",
+    "DestinationStream",
+    "EnrichmentRule",
+    "EtcdConfig",
+    "MappingField",
+    "Mappings",
+    "RedisConfig",
+    "ServerConfig",
+    "SparkConfig",
+    "StreamConfig",
+    "UsersRecognition",
+]
 
 
 # --- server, tokens, logs -------------------------------------------------------------------------
@@ -96,165 +123,23 @@ class GeoConfig(Section):
 # --- destinations ---------------------------------------------------------------------------------
 
 
-class MappingField(Section):
-    src: str | None = None
-    dst: str | None = None
-    action: Literal["move", "remove", "cast", "constant"]
-    type: str | None = None
-    value: Any = None
-
-
-class Mappings(Section):
-    keep_unmapped: bool = True
-    fields: list[MappingField] = Field(default_factory=list)
-
-    def rules(self) -> list[dict[str, Any]]:
-        """The rules in the plain form `steps.mapping.Mapper.build` takes."""
-        return [f.model_dump(exclude_none=True, exclude=set(f.model_extra or ())) for f in self.fields]
-
-
-class DataLayout(Section):
-    table_name_template: str = "events"
-    mappings: Mappings | None = None
-    mapping: list[str] | None = Field(default=None, description="legacy EventNative form: '/src -> /dst'")
-    primary_key_fields: list[str] = Field(default_factory=list)
-    max_columns: int | None = Field(default=None, ge=1)
-
-    @model_validator(mode="after")
-    def _legacy_mapping(self) -> DataLayout:
-        if self.mapping is not None and self.mappings is None:
-            self.mappings = Mappings(keep_unmapped=True, fields=[_legacy_rule(r) for r in self.mapping])
-        return self
-
-
-def _legacy_rule(rule: str) -> MappingField:
-    """'/a -> /b' moves a to b; '/a ->' removes a (EventNative's first mapping syntax)."""
-    src, sep, dst = rule.partition("->")
-    if not sep or not src.strip():
-        raise ValueError(f"mapping rule {rule!r} must look like '/src -> /dst' or '/src ->'")
-    if dst.strip():
-        return MappingField(src=src.strip(), dst=dst.strip(), action="move")
-    return MappingField(src=src.strip(), action="remove")
-
-
-class EnrichmentRule(Section):
-    name: Literal["ip_lookup", "user_agent_parse"]
-    from_: str = Field(validation_alias=AliasChoices("from", "from_"))
-    to: str
-
-
-class DataSource(Section):
-    """Connection of SQL warehouses (Postgres, Redshift, MySQL)."""
-
-    host: str = "localhost"
-    port: int | None = Field(default=None, ge=1, le=65535)
-    db: str
-    schema_: str = Field(default="", validation_alias=AliasChoices("schema", "schema_"))
-    username: str = ""
-    password: str = ""
-    parameters: dict[str, str] = Field(default_factory=dict)
-
-
-class DestinationBase(Section):
-    mode: Literal["batch", "stream"] = "batch"
-    only_tokens: list[str] | None = None
-    data_layout: DataLayout = Field(default_factory=DataLayout)
-    enrichment: list[EnrichmentRule] = Field(default_factory=list)
-
-
-class PostgresDestination(DestinationBase):
-    type: Literal["postgres"]
-    datasource: DataSource
-
-
-class RedshiftDestination(DestinationBase):
-    type: Literal["redshift"]
-    datasource: DataSource
-    s3: dict[str, Any] | None = None
-
-
-class MySQLDestination(DestinationBase):
-    type: Literal["mysql"]
-    datasource: DataSource
-
-
-class ClickHouseField(Section):
-    function: str | None = None
-    field: str
-
-
-class ClickHouseEngine(Section):
-    raw_statement: str | None = None
-    nullable_fields: list[str] = Field(default_factory=list)
-    partition_fields: list[ClickHouseField] = Field(default_factory=list)
-    order_fields: list[ClickHouseField] = Field(default_factory=list)
-    primary_keys: list[str] = Field(default_factory=list)
-
-
-class ClickHouseConfig(Section):
-    dsns: list[str] = Field(min_length=1)
-    db: str
-    cluster: str | None = None
-    engine: ClickHouseEngine = Field(default_factory=ClickHouseEngine)
-    tls: dict[str, str] = Field(default_factory=dict)
-
-
-class ClickHouseDestination(DestinationBase):
-    type: Literal["clickhouse"]
-    clickhouse: ClickHouseConfig
-
-
-class GoogleConfig(Section):
-    gcs_bucket: str | None = None
-    bq_project: str | None = None
-    bq_dataset: str | None = None
-    key_file: str | None = None
-
-
-class BigQueryDestination(DestinationBase):
-    type: Literal["bigquery"]
-    google: GoogleConfig
-
-
-class SnowflakeConfig(Section):
-    account: str
-    port: int | None = None
-    db: str
-    schema_: str = Field(default="PUBLIC", validation_alias=AliasChoices("schema", "schema_"))
-    username: str = ""
-    password: str = ""
-    warehouse: str = ""
-    stage: str | None = None
-    parameters: dict[str, str] = Field(default_factory=dict)
-
-
-class SnowflakeDestination(DestinationBase):
-    type: Literal["snowflake"]
-    snowflake: SnowflakeConfig
-
-
-class DuckDBConfig(Section):
-    path: str = "warehouse.duckdb"
-    schema_: str = Field(default="main", validation_alias=AliasChoices("schema", "schema_"))
-
-
-class DuckDBDestination(DestinationBase):
-    """eventspark's embedded default warehouse: a DuckDB file (relative paths are under log.path)."""
-
-    type: Literal["duckdb"]
-    duckdb: DuckDBConfig = Field(default_factory=DuckDBConfig)
+def _registered_type(raw: Any) -> Any:
+    """Refuses a type or a type×mode the registry does not have, naming what it supports (before
+    the union, whose own error for an unknown tag does not say "not supported yet")."""
+    if isinstance(raw, dict) and isinstance(raw.get("type"), str):
+        destination_type(raw["type"])
+        mode = raw.get("mode", "batch")
+        if mode in ("batch", "stream"):  # anything else: pydantic names the bad value
+            check_mode(raw["type"], mode)
+    return raw
 
 
 Destination = Annotated[
-    PostgresDestination
-    | RedshiftDestination
-    | MySQLDestination
-    | ClickHouseDestination
-    | BigQueryDestination
-    | SnowflakeDestination
-    | DuckDBDestination,
+    Union[config_models()],  # noqa: UP007 (the members are a runtime tuple)
     Field(discriminator="type"),
+    BeforeValidator(_registered_type),
 ]
+"""A destination of any registered type (`destinations.registry`)."""
 
 
 # --- coordination, users recognition, spark ---------------------------------------------------
@@ -282,12 +167,6 @@ class CoordinationConfig(Section):
         if self.redis is not None and self.etcd is not None:
             raise ValueError("choose one of redis or etcd, not both")
         return self
-
-
-class UsersRecognition(Section):
-    enabled: bool = False
-    anonymous_id_node: str = "/eventn_ctx/user/anonymous_id"
-    user_id_node: str = "/eventn_ctx/user/internal_id"
 
 
 class StreamConfig(Section):

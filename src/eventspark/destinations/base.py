@@ -17,12 +17,15 @@ timeout: keep the data, retry later) or `TerminalError` (the data or the schema 
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import re
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 from eventspark.destinations.dialect import Dialect
 from eventspark.steps.diff import Table, TablePatch
@@ -124,21 +127,80 @@ class StageTarget(Protocol):
     def open(self) -> StageWriter: ...
 
 
+Mode = Literal["batch", "stream"]
+UpsertStyle = Literal["on_conflict", "on_duplicate_key", "replacing_engine"]
+"""How rows with a primary key replace stored ones: `INSERT ... ON CONFLICT DO UPDATE`,
+`INSERT ... ON DUPLICATE KEY UPDATE`, or plain inserts that a ReplacingMergeTree engine collapses
+when parts merge (duplicates are visible until then, or with FINAL)."""
+StageKind = Literal["table", "files"]
+"""Where executors stage chunks: tables in the warehouse's schema (`STAGE_PREFIX<job>_...`), or
+files under `<log.path>/staging/<job>/<destination>/` that the driver loads."""
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """What the shared load code may rely on, beside the dialect's SQL conventions."""
+    """What a destination type can do, as data: the registry and the shared load code read it and
+    never branch on a destination's name."""
 
-    upsert: bool = True
-    """Rows can be merged on a primary key (INSERT ... ON CONFLICT or MERGE)."""
-    stage_in_warehouse: bool = True
-    """Executors write chunks straight into the warehouse (else into files the driver loads)."""
+    modes: frozenset[Mode]
+    """The modes a destination of this type may be configured in."""
+    upsert: UpsertStyle
+    stage: StageKind
+    transactions: bool
+    """Copy, load markers and stage drops of a commit are one transaction (ClickHouse: no)."""
+    ddl_in_transactions: bool
+    """CREATE/ALTER/DROP TABLE run inside a transaction and roll back with it."""
+    add_column_if_not_exists: bool
+    """`ALTER TABLE ... ADD COLUMN IF NOT EXISTS` exists; else a duplicate-column error is ignored."""
+    insert_absent_as_null: bool = True
+    """A stream insert may send NULL for a column a row lacks; else (ClickHouse, whose columns
+    are not Nullable) rows are inserted in groups naming only their non-NULL columns."""
+    min_insert_interval_sec: float = 0.0
+    """Stream mode: least time between two inserts into one table, by default (per destination:
+    `stream.min_insert_interval_sec`). 0: insert every micro-batch."""
+    min_insert_rows: int = 0
+    """Stream mode: rows held for a table that trigger its insert before the interval is over."""
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationType:
+    """One entry of the destination registry (`destinations.registry`): everything eventspark
+    knows about a type before building one. Each package's `__init__` defines its entry; nothing
+    here imports a driver."""
+
+    name: str
+    """The `type:` of the config."""
+    config: type[Any]
+    """The pydantic model of a destination of this type (its `configuration.py`)."""
+    capabilities: Capabilities
+    factory: str
+    """`module:function` making the adapter from (dest_id, config, events_dir); imported on use."""
+    extra: str | None = None
+    """The pip extra that installs the driver (`pip install 'eventspark[<extra>]'`)."""
+    driver: str | None = None
+    """The driver's top-level module, checked before building."""
+
+    def build(self, dest_id: str, dest: Any, events_dir: Path) -> DestinationAdapter:
+        """The adapter of destination `dest_id`; does no I/O. TerminalError when the driver is missing."""
+        self.require_driver()
+        module, _, function = self.factory.partition(":")
+        make = getattr(importlib.import_module(module), function)
+        adapter: DestinationAdapter = make(dest_id, dest, events_dir)
+        return adapter
+
+    def require_driver(self) -> None:
+        if self.driver is not None and importlib.util.find_spec(self.driver) is None:
+            raise TerminalError(
+                f"destination type {self.name!r} needs the {self.driver!r} package: "
+                f"pip install 'eventspark[{self.extra}]'"
+            )
 
 
 class DestinationAdapter(ABC):
     """One warehouse, driven from the Spark driver or a stream worker. Constructors do no I/O."""
 
     dialect: Dialect
-    capabilities: Capabilities = Capabilities()
+    capabilities: Capabilities
 
     @abstractmethod
     def read_tables(self) -> dict[str, Table]:

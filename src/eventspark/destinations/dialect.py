@@ -23,7 +23,7 @@ _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 @dataclass(frozen=True)
 class Dialect:
-    """A warehouse's SQL conventions and capabilities."""
+    """A warehouse's SQL conventions: column types, identifier quoting, string literals."""
 
     name: str
     """The destination type, as in config (``type: postgres``); for messages only."""
@@ -37,10 +37,6 @@ class Dialect:
     max_identifier_length: int | None = 63
     """Longest identifier in UTF-8 bytes (None: no limit). Longer names are refused by ``quote``
     rather than silently truncated by the warehouse."""
-    supports_ddl_transactions: bool = False
-    """CREATE/ALTER TABLE can run inside a transaction and roll back with it."""
-    supports_add_column_if_not_exists: bool = False
-    """``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` exists, so concurrent patches cannot clash."""
 
     def __post_init__(self) -> None:
         missing = [t.name for t in DataType if t not in self.types]

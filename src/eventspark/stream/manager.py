@@ -24,9 +24,6 @@ from eventspark.stream.worker import StreamSettings, StreamWorker
 
 log = logging.getLogger(__name__)
 
-STREAM_TYPES = frozenset({"postgres", "duckdb"})
-"""Destination types with a stream insert so far."""
-
 
 class StreamWorkers:
     """Every stream worker of one node. Constructing it does no I/O."""
@@ -45,20 +42,8 @@ class StreamWorkers:
 
     @property
     def destination_ids(self) -> list[str]:
-        """The stream destinations of the config that this node can serve."""
-        found = []
-        for dest_id, dest in self.config.destinations.items():
-            if dest.mode != "stream":
-                continue
-            if dest.type not in STREAM_TYPES:
-                log.error(
-                    "destination %s: stream mode is not available for %s yet; events stay queued",
-                    dest_id,
-                    dest.type,
-                )
-                continue
-            found.append(dest_id)
-        return found
+        """The stream destinations of the config (the config refuses a type without stream mode)."""
+        return [dest_id for dest_id, dest in self.config.destinations.items() if dest.mode == "stream"]
 
     def start(self) -> None:
         """Builds and starts a worker per stream destination (idempotent)."""

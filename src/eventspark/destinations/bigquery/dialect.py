@@ -15,6 +15,4 @@ DIALECT = Dialect(
     quote_char="`",
     quote_escape="backslash",  # "quoted identifiers have the same escape sequences as string literals"
     max_identifier_length=300,  # column names; table names may be longer
-    supports_ddl_transactions=False,
-    supports_add_column_if_not_exists=True,
 )

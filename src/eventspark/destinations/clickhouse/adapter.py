@@ -25,13 +25,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
-from eventspark.config.models import ClickHouseConfig, ClickHouseDestination
 from eventspark.destinations.base import (
     LOADS_TABLE,
     STAGE_PREFIX,
-    Capabilities,
     DestinationError,
     Load,
     StagedChunk,
@@ -39,6 +38,8 @@ from eventspark.destinations.base import (
     TransientError,
 )
 from eventspark.destinations.clickhouse import rows as row_text
+from eventspark.destinations.clickhouse.capabilities import CAPABILITIES
+from eventspark.destinations.clickhouse.configuration import ClickHouseConfig, ClickHouseDestination
 from eventspark.destinations.clickhouse.ddl import (
     DIST_PREFIX,
     KeyField,
@@ -167,7 +168,7 @@ class ClickHouseAdapter(StagingTableAdapter):
     """A ClickHouse database (created when missing), reached through the first DSN that answers."""
 
     dialect = DIALECT
-    capabilities = Capabilities(upsert=False, stage_in_warehouse=True)
+    capabilities = CAPABILITIES
 
     def __init__(self, dest_id: str, dest: ClickHouseDestination) -> None:
         config = dest.clickhouse
@@ -431,3 +432,7 @@ def _split_top_level(text: str) -> list[str]:
         current.append(ch)
     parts.append("".join(current).strip())
     return [p for p in parts if p]
+
+
+def build(dest_id: str, dest: ClickHouseDestination, events_dir: Path) -> ClickHouseAdapter:
+    return ClickHouseAdapter(dest_id, dest)

@@ -16,6 +16,4 @@ DIALECT = Dialect(
     quote_escape="backslash",
     # No limit on names in SQL, but a table is a directory on disk, and file names stop at 255 bytes.
     max_identifier_length=255,
-    supports_ddl_transactions=False,
-    supports_add_column_if_not_exists=False,  # ClickHouse 18.x lacks it
 )

@@ -15,7 +15,6 @@ import duckdb
 
 from eventspark.destinations.base import (
     LOADS_TABLE,
-    Capabilities,
     DestinationAdapter,
     Load,
     StagedChunk,
@@ -23,6 +22,8 @@ from eventspark.destinations.base import (
     TransientError,
     job_started_at,
 )
+from eventspark.destinations.duckdb.capabilities import CAPABILITIES
+from eventspark.destinations.duckdb.configuration import DuckDBDestination
 from eventspark.destinations.duckdb.dialect import DIALECT
 from eventspark.destinations.load_sql import cast_expr, insert_plan, insert_select
 from eventspark.steps.diff import Table, TablePatch
@@ -104,7 +105,7 @@ class DuckDBAdapter(DestinationAdapter):
     """A DuckDB file (its folder created when missing) and a schema in it."""
 
     dialect = DIALECT
-    capabilities = Capabilities(upsert=True, stage_in_warehouse=False)
+    capabilities = CAPABILITIES
 
     def __init__(self, dest_id: str, path: Path, schema: str, staging_dir: Path) -> None:
         self.dest_id = dest_id
@@ -286,3 +287,10 @@ def _sql_text(value: Any) -> str | None:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def build(dest_id: str, dest: DuckDBDestination, events_dir: Path) -> DuckDBAdapter:
+    """Relative paths live under `events_dir` (`log.path`), and so does the `staging/` folder."""
+    path = Path(dest.duckdb.path)
+    path = path if path.is_absolute() else events_dir / path
+    return DuckDBAdapter(dest_id, path, dest.duckdb.schema_ or "main", events_dir / "staging")

@@ -17,6 +17,4 @@ DIALECT = Dialect(
         DataType.TIMESTAMP: "TIMESTAMPTZ",
     },
     max_identifier_length=None,  # DuckDB sets no limit
-    supports_ddl_transactions=True,
-    supports_add_column_if_not_exists=True,
 )

@@ -10,11 +10,11 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pymysql
 
-from eventspark.config.models import MySQLDestination
 from eventspark.destinations.base import (
     LOADS_TABLE,
     STAGE_PREFIX,
@@ -25,6 +25,8 @@ from eventspark.destinations.base import (
     TransientError,
 )
 from eventspark.destinations.mysql import load as sql
+from eventspark.destinations.mysql.capabilities import CAPABILITIES
+from eventspark.destinations.mysql.configuration import MySQLDestination
 from eventspark.destinations.mysql.dialect import DIALECT
 from eventspark.destinations.staging import (
     StagingTableAdapter,
@@ -188,6 +190,7 @@ class MySQLAdapter(StagingTableAdapter):
     """A MySQL database (`datasource.db`, created when missing). One driver connection."""
 
     dialect = DIALECT
+    capabilities = CAPABILITIES
 
     def __init__(self, dest_id: str, dest: MySQLDestination) -> None:
         self.dest_id = dest_id
@@ -406,3 +409,7 @@ def _rollback(conn: Any) -> None:
         conn.rollback()
     except (pymysql.err.Error, OSError) as exc:  # the connection is gone: the server rolled back
         log.debug("mysql: rollback failed: %s", exc)
+
+
+def build(dest_id: str, dest: MySQLDestination, events_dir: Path) -> MySQLAdapter:
+    return MySQLAdapter(dest_id, dest)

@@ -14,6 +14,4 @@ DIALECT = Dialect(
     },
     quote_char="`",
     max_identifier_length=64,
-    supports_ddl_transactions=False,  # DDL commits implicitly
-    supports_add_column_if_not_exists=False,  # MariaDB has it, MySQL does not
 )

@@ -1,1 +1,14 @@
-"""PostgreSQL destination."""
+"""PostgreSQL destination: its entry in the registry (`destinations.registry`)."""
+
+from eventspark.destinations.base import DestinationType
+from eventspark.destinations.postgres.capabilities import CAPABILITIES
+from eventspark.destinations.postgres.configuration import PostgresDestination
+
+DESTINATION = DestinationType(
+    name="postgres",
+    config=PostgresDestination,
+    capabilities=CAPABILITIES,
+    factory="eventspark.destinations.postgres.adapter:build",
+    extra="postgres",
+    driver="psycopg",
+)

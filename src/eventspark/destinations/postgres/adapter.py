@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import orjson
 import psycopg
 from psycopg import sql
 
-from eventspark.config.models import PostgresDestination
 from eventspark.destinations.base import (
     LOADS_TABLE,
     STAGE_PREFIX,
@@ -22,6 +22,8 @@ from eventspark.destinations.base import (
     TransientError,
 )
 from eventspark.destinations.load_sql import cast_expr, insert_plan, insert_select
+from eventspark.destinations.postgres.capabilities import CAPABILITIES
+from eventspark.destinations.postgres.configuration import PostgresDestination
 from eventspark.destinations.postgres.dialect import DIALECT
 from eventspark.destinations.staging import StagingTableAdapter, is_user_table, new_stage_table, tables_from_columns
 from eventspark.steps.diff import Table, TablePatch
@@ -141,6 +143,7 @@ class PostgresAdapter(StagingTableAdapter):
     """A Postgres schema (created when missing). One driver connection, opened on first use."""
 
     dialect = DIALECT
+    capabilities = CAPABILITIES
 
     def __init__(self, dest_id: str, dest: PostgresDestination) -> None:
         self.dest_id = dest_id
@@ -305,3 +308,7 @@ def _insert_rows(table: Table, rows: Sequence[Mapping[str, Any]]) -> tuple[list[
     columns, rows = insert_plan("postgres", table, rows)
     values = [[row.get(c) for c in columns] for row in rows]
     return columns, orjson.dumps(values, default=str).decode()
+
+
+def build(dest_id: str, dest: PostgresDestination, events_dir: Path) -> PostgresAdapter:
+    return PostgresAdapter(dest_id, dest)

@@ -13,6 +13,4 @@ DIALECT = Dialect(
         DataType.TIMESTAMP: "timestamp",
     },
     max_identifier_length=63,  # NAMEDATALEN - 1; longer names are truncated silently by the server
-    supports_ddl_transactions=True,
-    supports_add_column_if_not_exists=True,  # since 9.6
 )

@@ -13,6 +13,4 @@ DIALECT = Dialect(
         DataType.TIMESTAMP: "timestamp",
     },
     max_identifier_length=127,
-    supports_ddl_transactions=True,
-    supports_add_column_if_not_exists=False,
 )

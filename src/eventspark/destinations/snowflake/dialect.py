@@ -13,6 +13,4 @@ DIALECT = Dialect(
         DataType.TIMESTAMP: "timestamp(6)",
     },
     max_identifier_length=255,
-    supports_ddl_transactions=False,  # DDL commits the open transaction
-    supports_add_column_if_not_exists=True,
 )

@@ -1,0 +1,110 @@
+"""Config sections shared by the config file and the destination packages.
+
+Each destination package's `configuration.py` defines its own model on top of `DestinationBase`;
+this module imports nothing from eventspark, so those packages can import it without a cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are kept so they can be reported."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class UsersRecognition(Section):
+    enabled: bool = False
+    anonymous_id_node: str = "/eventn_ctx/user/anonymous_id"
+    user_id_node: str = "/eventn_ctx/user/internal_id"
+
+
+class MappingField(Section):
+    src: str | None = None
+    dst: str | None = None
+    action: Literal["move", "remove", "cast", "constant"]
+    type: str | None = None
+    value: Any = None
+
+
+class Mappings(Section):
+    keep_unmapped: bool = True
+    fields: list[MappingField] = Field(default_factory=list)
+
+    def rules(self) -> list[dict[str, Any]]:
+        """The rules in the plain form `steps.mapping.Mapper.build` takes."""
+        return [f.model_dump(exclude_none=True, exclude=set(f.model_extra or ())) for f in self.fields]
+
+
+class DataLayout(Section):
+    table_name_template: str = "events"
+    mappings: Mappings | None = None
+    mapping: list[str] | None = Field(default=None, description="legacy EventNative form: '/src -> /dst'")
+    primary_key_fields: list[str] = Field(default_factory=list)
+    max_columns: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _legacy_mapping(self) -> DataLayout:
+        if self.mapping is not None and self.mappings is None:
+            self.mappings = Mappings(keep_unmapped=True, fields=[_legacy_rule(r) for r in self.mapping])
+        return self
+
+
+def _legacy_rule(rule: str) -> MappingField:
+    """'/a -> /b' moves a to b; '/a ->' removes a (EventNative's first mapping syntax)."""
+    src, sep, dst = rule.partition("->")
+    if not sep or not src.strip():
+        raise ValueError(f"mapping rule {rule!r} must look like '/src -> /dst' or '/src ->'")
+    if dst.strip():
+        return MappingField(src=src.strip(), dst=dst.strip(), action="move")
+    return MappingField(src=src.strip(), action="remove")
+
+
+class EnrichmentRule(Section):
+    name: Literal["ip_lookup", "user_agent_parse"]
+    from_: str = Field(validation_alias=AliasChoices("from", "from_"))
+    to: str
+
+
+class DataSource(Section):
+    """Connection of SQL warehouses (Postgres, Redshift, MySQL)."""
+
+    host: str = "localhost"
+    port: int | None = Field(default=None, ge=1, le=65535)
+    db: str
+    schema_: str = Field(default="", validation_alias=AliasChoices("schema", "schema_"))
+    username: str = ""
+    password: str = ""
+    parameters: dict[str, str] = Field(default_factory=dict)
+
+
+class DestinationStream(Section):
+    """Per destination: how stream-mode inserts are batched beyond the worker's micro-batches.
+
+    None means the destination type's default (its capabilities): ClickHouse wants few, large
+    inserts, so its rows are held up to a second or 10,000 rows per table; others insert at once.
+    """
+
+    min_insert_interval_sec: float | None = Field(
+        default=None, ge=0, le=3600, description="least time between two inserts into one table"
+    )
+    min_insert_rows: int | None = Field(
+        default=None, ge=0, description="rows that trigger an insert before the interval has passed"
+    )
+
+
+class DestinationBase(Section):
+    """What every destination type has; each package's `configuration.py` adds its own block."""
+
+    type: str
+    mode: Literal["batch", "stream"] = "batch"
+    only_tokens: list[str] | None = None
+    data_layout: DataLayout = Field(default_factory=DataLayout)
+    enrichment: list[EnrichmentRule] = Field(default_factory=list)
+    users_recognition: UsersRecognition | None = None
+    """Accepted (EventNative configs carry it) and refused when enabled: not implemented yet."""
+    stream: DestinationStream = Field(default_factory=DestinationStream)

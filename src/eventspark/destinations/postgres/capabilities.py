@@ -1,0 +1,12 @@
+"""What PostgreSQL can do, as data for the registry and the shared load code."""
+
+from eventspark.destinations.base import Capabilities
+
+CAPABILITIES = Capabilities(
+    modes=frozenset({"batch", "stream"}),
+    upsert="on_conflict",
+    stage="table",  # UNLOGGED tables filled by binary COPY
+    transactions=True,
+    ddl_in_transactions=True,
+    add_column_if_not_exists=True,  # since 9.6
+)
