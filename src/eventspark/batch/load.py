@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 from eventspark.coordination import Coordination, CoordinationError
 from eventspark.destinations.base import DestinationAdapter, DestinationError, Load, StagedChunk
-from eventspark.steps.diff import ColumnLimitError, Table, check_column_limit, diff, table_from_header
+from eventspark.destinations.sync import LOCK_TIMEOUT, sync_table, table_lock
+from eventspark.steps.diff import ColumnLimitError, table_from_header
 from eventspark.steps.typing import BatchHeader
 
 log = logging.getLogger(__name__)
 
-LOCK_TIMEOUT = 120.0
 Fault = Callable[[str], None]
 """A test hook called at named points of a pass ("staged", "committed") to inject a crash."""
 
@@ -44,10 +44,12 @@ def load_pair(
     fault: Fault | None = None,
 ) -> str:
     """Patches and loads the pair; returns '' on success, else the reason it failed."""
-    lock_name = f"{pair.dest_id}_{pair.table}"
+    lock = table_lock(pair.dest_id, pair.table)
+    wanted = table_from_header(pair.header, adapter.dialect.column_type, primary_keys)
     try:
-        with coordination.lock(lock_name, LOCK_TIMEOUT):
-            target = patch_table(adapter, coordination, lock_name, pair.header, primary_keys, max_columns)
+        # The lock covers the commit too: a commit casts to the types the patch left.
+        with coordination.lock(lock, LOCK_TIMEOUT):
+            target = sync_table(adapter, coordination, lock, wanted, max_columns).table
             if fault is not None:
                 fault("staged")
             load = Load(pair.dest_id, target, pair.chunks, sorted(pair.files), ordered=bool(primary_keys))
@@ -56,26 +58,3 @@ def load_pair(
         log.warning("destination %s, table %s: %s", pair.dest_id, pair.table, exc)
         return str(exc)
     return ""
-
-
-def patch_table(
-    adapter: DestinationAdapter,
-    coordination: Coordination,
-    lock_name: str,
-    header: BatchHeader,
-    primary_keys: tuple[str, ...],
-    max_columns: int,
-) -> Table:
-    """Creates the table or adds what it lacks; returns the table as it is afterwards."""
-    existing = adapter.read_table(header.table_name)
-    wanted = table_from_header(header, adapter.dialect.column_type, primary_keys)
-    patch = diff(existing, wanted)
-    if patch.is_empty and existing is not None:
-        return existing
-    check_column_limit(existing, patch, max_columns)
-    adapter.patch(patch)
-    coordination.bump_table_version(lock_name)
-    after = adapter.read_table(header.table_name)
-    if after is None:
-        raise DestinationError(f"table {header.table_name!r} is missing right after it was created")
-    return after

@@ -6,13 +6,14 @@ already uploaded, the column types of existing tables, where to stage), never ev
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from eventspark.config.models import ApiKey, DestinationBase
+from eventspark.config.routing import token_routes
 from eventspark.destinations.base import StageTarget
 from eventspark.steps.typing import DataType
+
+__all__ = ["DEFAULT_CHUNK_ROWS", "JobPlan", "token_routes"]
 
 DEFAULT_CHUNK_ROWS = 50_000
 """Rows per staged chunk: bounds an executor's memory while keeping the number of chunks small."""
@@ -47,25 +48,3 @@ class JobPlan:
     def destinations_of(self, token_id: str) -> tuple[str, ...]:
         found = self.token_destinations.get(token_id)
         return self.default_destinations if found is None else found
-
-
-def token_routes(
-    api_keys: Iterable[ApiKey], destinations: dict[str, DestinationBase]
-) -> tuple[dict[str, str], dict[str, tuple[str, ...]], tuple[str, ...]]:
-    """(api_key value → token id, token id → destination ids, destinations open to every token).
-
-    `only_tokens` lists token ids or secrets; a destination without it takes every token.
-    """
-    secret_tokens: dict[str, str] = {}
-    token_destinations: dict[str, tuple[str, ...]] = {}
-    for key in api_keys:
-        names = {key.id, key.client_secret, key.server_secret} - {""}
-        for name in names:
-            secret_tokens.setdefault(name, key.id)
-        token_destinations[key.id] = tuple(
-            dest_id
-            for dest_id, dest in destinations.items()
-            if dest.only_tokens is None or names.intersection(dest.only_tokens)
-        )
-    default = tuple(dest_id for dest_id, dest in destinations.items() if dest.only_tokens is None)
-    return secret_tokens, token_destinations, default

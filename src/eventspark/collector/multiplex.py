@@ -14,6 +14,7 @@ from typing import Protocol
 
 from eventspark.collector.auth import Token
 from eventspark.config.models import Config, Destination
+from eventspark.config.routing import takes_token
 from eventspark.logs.incoming import AppendOnlyFile, IncomingLogs
 from eventspark.stream.queue import QueueWriter, queue_dir
 
@@ -45,13 +46,6 @@ class Route:
     @property
     def has_destination(self) -> bool:
         return bool(self.batch_destinations or self.stream_destinations)
-
-
-def takes_token(destination: Destination, token: Token) -> bool:
-    allowed = destination.only_tokens
-    if allowed is None:
-        return True
-    return any(t in (token.id, token.client_secret, token.server_secret) for t in allowed if t)
 
 
 def build_routes(

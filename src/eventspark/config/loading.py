@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from eventspark.config.models import ApiKey, Config
+from eventspark.config.routing import unknown_tokens
 from eventspark.destinations.duckdb.configuration import DuckDBDestination
 from eventspark.destinations.registry import REGISTRY
 
@@ -182,6 +183,5 @@ def check_steps(config: Config) -> None:
                 Mapper.build(layout.mappings.keep_unmapped, layout.mappings.rules())
             except MappingError as exc:
                 raise ConfigError(f"{where}.mappings: {exc}") from None
-        for token in dest.only_tokens or ():
-            if not any(token in (k.id, k.client_secret, k.server_secret) for k in config.api_keys):
-                raise ConfigError(f"destinations.{dest_id}.only_tokens: no api key has id or secret {token!r}")
+        for token in unknown_tokens(dest, config.api_keys):
+            raise ConfigError(f"destinations.{dest_id}.only_tokens: no api key has id or secret {token!r}")

@@ -23,13 +23,13 @@ from typing import Any
 
 from eventspark.coordination import Coordination
 from eventspark.destinations.base import DestinationAdapter, TerminalError
+from eventspark.destinations.sync import LOCK_TIMEOUT, sync_table, table_lock
 from eventspark.steps.chain import HeaderBuilder, Row
-from eventspark.steps.diff import ColumnLimitError, Table, check_column_limit, diff, table_from_header
+from eventspark.steps.diff import ColumnLimitError, Table, TablePatch, table_from_header
 from eventspark.steps.typing import DataType, coerce, format_timestamp
 
 log = logging.getLogger(__name__)
 
-LOCK_TIMEOUT = 120.0
 REFUSED = (TerminalError, ColumnLimitError, ValueError)
 """What the warehouse (or the patch) refuses for these rows: retry once, then isolate."""
 
@@ -129,11 +129,8 @@ class TableDelivery:
 
     # --- schema ---------------------------------------------------------------------------------
 
-    def _lock_name(self, table: str) -> str:
-        return f"{self.dest_id}_{table}"
-
     def _cached(self, table: str) -> _Cached:
-        version = self.coordination.table_version(self._lock_name(table))
+        version = self.coordination.table_version(table_lock(self.dest_id, table))
         cached = self._tables.get(table)
         if cached is None or cached.version != version:
             cached = self._remember(table, self.adapter.read_table(table), version)
@@ -159,20 +156,12 @@ class TableDelivery:
         return self._patch(table, wanted)
 
     def _patch(self, name: str, wanted: Table) -> _Cached:
-        lock = self._lock_name(name)
+        lock = table_lock(self.dest_id, name)
         with self.coordination.lock(lock, self.lock_timeout):
-            existing = self.adapter.read_table(name)
-            patch = diff(existing, wanted)
-            if patch.is_empty:
-                return self._remember(name, existing, self.coordination.table_version(lock))
-            check_column_limit(existing, patch, self.max_columns)
-            self.adapter.patch(patch)
-            version = self.coordination.bump_table_version(lock)
-            after = self.adapter.read_table(name)
-        if after is None:
-            raise TerminalError(f"table {name!r} is missing right after it was patched")
-        log.info("%s/%s: patched (%s)", self.dest_id, name, _describe(patch.create, patch.add_columns))
-        return self._remember(name, after, version)
+            synced = sync_table(self.adapter, self.coordination, lock, wanted, self.max_columns)
+        if synced.patch is not None:
+            log.info("%s/%s: patched (%s)", self.dest_id, name, _describe(synced.patch))
+        return self._remember(name, synced.table, synced.version)
 
     # --- values ---------------------------------------------------------------------------------
 
@@ -202,6 +191,7 @@ class TableDelivery:
         return None
 
 
-def _describe(create: bool, columns: dict[str, str]) -> str:
+def _describe(patch: TablePatch) -> str:
+    create, columns = patch.create, patch.add_columns
     names = ", ".join(sorted(columns)[:10]) + (", ..." if len(columns) > 10 else "")
     return f"created with {len(columns)} columns" if create else f"added {names}"

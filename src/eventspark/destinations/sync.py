@@ -1,0 +1,55 @@
+"""Bringing a warehouse table up to what a batch or a micro-batch needs: written once, for the
+batch load and the stream workers alike.
+
+Under the coordination lock `<destination_id>_<table>` (`table_lock`), which the caller holds:
+read the table → diff it with the wanted one → check `max_columns` → patch (create, add columns,
+primary key) → bump the table's version, so that other nodes refresh their cached schemas → read
+it back. Table patching never changes or drops an existing column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eventspark.coordination import Coordination
+from eventspark.destinations.base import DestinationAdapter, DestinationError
+from eventspark.steps.diff import Table, TablePatch, check_column_limit, diff
+
+LOCK_TIMEOUT = 120.0
+"""Seconds to wait for another node's patch or load of the same table."""
+
+
+def table_lock(dest_id: str, table: str) -> str:
+    """The coordination lock (and version key) of one destination table."""
+    return f"{dest_id}_{table}"
+
+
+@dataclass(frozen=True, slots=True)
+class SyncedTable:
+    table: Table
+    """The table as it is after patching."""
+    version: int
+    """Its version in the coordination store after this sync."""
+    patch: TablePatch | None
+    """What was changed; None when the table already had everything."""
+
+
+def sync_table(
+    adapter: DestinationAdapter, coordination: Coordination, lock: str, wanted: Table, max_columns: int
+) -> SyncedTable:
+    """Patches the table to hold `wanted`'s columns and key; the caller holds `lock`.
+
+    ColumnLimitError when the patch would pass `max_columns`; DestinationError (or a subclass)
+    from the warehouse.
+    """
+    existing = adapter.read_table(wanted.name)
+    patch = diff(existing, wanted)
+    if patch.is_empty and existing is not None:
+        return SyncedTable(existing, coordination.table_version(lock), None)
+    check_column_limit(existing, patch, max_columns)
+    adapter.patch(patch)
+    version = coordination.bump_table_version(lock)
+    after = adapter.read_table(wanted.name)
+    if after is None:
+        raise DestinationError(f"table {wanted.name!r} is missing right after it was patched")
+    return SyncedTable(after, version, patch)
