@@ -47,7 +47,7 @@ from eventspark.batch.session import get_session
 from eventspark.batch.splits import Split
 from eventspark.config import LoadedConfig
 from eventspark.coordination import MemoryCoordination
-from eventspark.destinations.postgres.adapter import PostgresAdapter
+from eventspark.destinations.postgres.load import PostgresWarehouse as PostgresAdapter
 from eventspark.logs.incoming import live_log_name, rotate_incoming_logs
 from eventspark.steps.flatten import flatten
 from eventspark.steps.typing import DataType, infer_type

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from eventspark.destinations.base import TerminalError
-from eventspark.destinations.duckdb.adapter import DuckDBAdapter
+from eventspark.destinations.duckdb.load import DuckDBWarehouse as DuckDBAdapter
 from eventspark.steps.diff import TablePatch
 from eventspark.steps.typing import DataType
 from tests.destinations.contract import AdapterContract
@@ -23,7 +23,7 @@ class TestDuckDBAdapter(AdapterContract):
         adapter.close()
 
     def query(self, adapter: Any, sql: str) -> list[tuple[Any, ...]]:
-        return adapter._connection().execute(sql).fetchall()
+        return adapter._connection().rows(sql, "test query")
 
     def test_changing_a_primary_key_is_refused(self, adapter: DuckDBAdapter) -> None:
         self.create(adapter, "k", {"a": DataType.STRING, "b": DataType.STRING}, keys=("a",))

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from eventspark.destinations.base import TransientError
-from eventspark.destinations.postgres.adapter import PostgresAdapter
+from eventspark.destinations.postgres.load import PostgresWarehouse as PostgresAdapter
 from eventspark.destinations.postgres.configuration import PostgresDestination
 from eventspark.steps.diff import TablePatch
 from eventspark.steps.typing import DataType

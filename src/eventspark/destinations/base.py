@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import re
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
@@ -245,35 +244,4 @@ class DestinationAdapter(ABC):
     def data_type_of(self, sql_type: str) -> DataType | None:
         """The DataType whose values a column of `sql_type` takes; None for types eventspark does not
         check (json, uuid...), whose values the warehouse casts at commit."""
-        return data_type_of_sql(sql_type)
-
-
-# Column type → DataType by the type's first word(s); data, so new warehouses only add names.
-_SQL_TYPE_FAMILIES: dict[str, DataType] = {
-    **dict.fromkeys(["boolean", "bool", "uint8"], DataType.BOOL),
-    **dict.fromkeys(
-        ["bigint", "int8", "integer", "int", "int4", "smallint", "int2", "tinyint", "hugeint", "int64"],
-        DataType.INT64,
-    ),
-    **dict.fromkeys(
-        ["numeric", "decimal", "double", "double precision", "real", "float", "float4", "float8", "float64"],
-        DataType.FLOAT64,
-    ),
-    **dict.fromkeys(
-        ["timestamp", "timestamptz", "timestamp with time zone", "timestamp without time zone", "datetime"],
-        DataType.TIMESTAMP,
-    ),
-    **dict.fromkeys(["text", "varchar", "character varying", "char", "character", "string", "bpchar"], DataType.STRING),
-}
-_TYPE_NAME = re.compile(r"^\s*([a-z][a-z0-9 ]*?)\s*(?:\(.*\))?\s*(with(?:out)? time zone)?\s*$")
-
-
-def data_type_of_sql(sql_type: str) -> DataType | None:
-    """`bigint` → INT64, `numeric(38,18)` → FLOAT64, `character varying(256)` → STRING, `jsonb` → None."""
-    match = _TYPE_NAME.match(sql_type.lower())
-    if match is None:
-        return None
-    name = match.group(1).strip()
-    if match.group(2):
-        name = f"{name} {match.group(2)}"
-    return _SQL_TYPE_FAMILIES.get(name)
+        return self.dialect.data_type_of(sql_type)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
@@ -34,9 +34,17 @@ class Dialect:
     quote_escape: Literal["double", "backslash"] = "double"
     """How a quote character inside an identifier is escaped: doubled (SQL standard), or with
     a backslash where the warehouse reads identifiers like string literals (BigQuery, ClickHouse)."""
+    string_escape: Literal["double", "backslash"] = "double"
+    """How a quote inside a string literal is escaped: doubled (standard SQL strings), or with a
+    backslash where backslashes are escapes in string literals (MySQL's default mode, ClickHouse)."""
     max_identifier_length: int | None = 63
     """Longest identifier in UTF-8 bytes (None: no limit). Longer names are refused by ``quote``
     rather than silently truncated by the warehouse."""
+
+    type_parser: Callable[[str], DataType | None] | None = None
+    """SQL → DataType for this warehouse's catalog spelling (None: `data_type_of_sql`)."""
+    stage_types: Mapping[DataType, str] = field(default_factory=dict)
+    """The column type of each stage type in staging tables (empty: the stage is files)."""
 
     def __post_init__(self) -> None:
         missing = [t.name for t in DataType if t not in self.types]
@@ -45,6 +53,11 @@ class Dialect:
         if len(self.quote_char) != 1:
             raise ValueError(f"dialect {self.name}: quote_char must be one character")
         object.__setattr__(self, "types", MappingProxyType(dict(self.types)))
+
+    def data_type_of(self, sql_type: str) -> DataType | None:
+        """SQL → DataType: the DataType whose values a column of `sql_type` takes; None for types
+        eventspark does not check (json, uuid...), whose values the warehouse casts."""
+        return (self.type_parser or data_type_of_sql)(sql_type)
 
     def column_type(self, field: Field) -> str:
         """The SQL type of a column: the mapping's explicit type (generic names translated), else
@@ -77,6 +90,46 @@ class Dialect:
         else:
             escaped = identifier.replace(q, q + q)
         return f"{q}{escaped}{q}"
+
+
+    def literal(self, text: str) -> str:
+        """``text`` as an SQL string literal; ValueError for control characters (NUL included)."""
+        if _CONTROL_CHARS.search(text):
+            raise ValueError(f"SQL string {text!r} contains a control character")
+        if self.string_escape == "backslash":
+            return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return "'" + text.replace("'", "''") + "'"
+
+
+# Column type → DataType by the type's first word(s); data, so new warehouses only add names.
+_SQL_TYPE_FAMILIES: dict[str, DataType] = {
+    **dict.fromkeys(["boolean", "bool", "uint8"], DataType.BOOL),
+    **dict.fromkeys(
+        ["bigint", "int8", "integer", "int", "int4", "smallint", "int2", "tinyint", "hugeint", "int64"],
+        DataType.INT64,
+    ),
+    **dict.fromkeys(
+        ["numeric", "decimal", "double", "double precision", "real", "float", "float4", "float8", "float64"],
+        DataType.FLOAT64,
+    ),
+    **dict.fromkeys(
+        ["timestamp", "timestamptz", "timestamp with time zone", "timestamp without time zone", "datetime"],
+        DataType.TIMESTAMP,
+    ),
+    **dict.fromkeys(["text", "varchar", "character varying", "char", "character", "string", "bpchar"], DataType.STRING),
+}
+_TYPE_NAME = re.compile(r"^\s*([a-z][a-z0-9 ]*?)\s*(?:\(.*\))?\s*(with(?:out)? time zone)?\s*$")
+
+
+def data_type_of_sql(sql_type: str) -> DataType | None:
+    """`bigint` → INT64, `numeric(38,18)` → FLOAT64, `character varying(256)` → STRING, `jsonb` → None."""
+    match = _TYPE_NAME.match(sql_type.lower())
+    if match is None:
+        return None
+    name = match.group(1).strip()
+    if match.group(2):
+        name = f"{name} {match.group(2)}"
+    return _SQL_TYPE_FAMILIES.get(name)
 
 
 def get_dialect(name: str) -> Dialect:

@@ -8,6 +8,7 @@ serves (after forking collector workers, if any: a fork must not copy running th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from eventspark.config import LoadedConfig
 from eventspark.config.models import Destination
 from eventspark.coordination import Coordination, build_coordination
 from eventspark.destinations import build_destination
+from eventspark.destinations.registry import destination_type
 from eventspark.steps.chain import DestinationChain
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
 from eventspark.stream.archive import StreamArchive
@@ -75,7 +77,21 @@ class StreamWorkers:
             fsync=self.config.server.fsync,
         )
         archive = StreamArchive(events_dir / "archive", dest_id)
-        return StreamWorker(dest_id, chain, reader, delivery, archive, events_dir / "failed", self.settings)
+        failed_dir = events_dir / "failed"
+        return StreamWorker(dest_id, chain, reader, delivery, archive, failed_dir, self.settings_for(dest))
+
+    def settings_for(self, dest: Destination) -> StreamSettings:
+        """The node's settings with the destination's minimum insert interval and rows: from its
+        `stream:` block, else its type's capabilities (ClickHouse: 1 s, 10,000 rows; others: none)."""
+        capabilities = destination_type(dest.type).capabilities
+        own = dest.stream
+        interval = own.min_insert_interval_sec
+        rows = own.min_insert_rows
+        return dataclasses.replace(
+            self.settings,
+            min_insert_interval_sec=capabilities.min_insert_interval_sec if interval is None else interval,
+            min_insert_rows=capabilities.min_insert_rows if rows is None else rows,
+        )
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Stops every worker after its batch in progress; unacknowledged events stay queued."""

@@ -238,7 +238,10 @@ class QueueReader:
         self._lock_fd = fd
         self._wakeup = _wakeup(self.path)
         offsets = self._load_offsets()
-        for writer, (seq, position) in offsets.items():
+        for writer, (seq, offset) in offsets.items():
+            # An offset inside the magic (0, as written by versions whose `rewind` could go there)
+            # means the segment's first record.
+            position = max(offset, len(MAGIC))
             self._partitions[writer] = _Partition(writer, seq, position, (seq, position))
 
     def _load_offsets(self) -> dict[str, tuple[int, int]]:
@@ -279,7 +282,9 @@ class QueueReader:
                 break
             part = self._partitions.get(writer)
             if part is None:
-                part = self._partitions[writer] = _Partition(writer, seqs[0], len(MAGIC), (seqs[0], 0))
+                # Acknowledged up to the first record: `rewind` before the first `ack` comes back here.
+                start = (seqs[0], len(MAGIC))
+                part = self._partitions[writer] = _Partition(writer, *start, acked=start)
             self._read_partition(part, seqs, records, max_records)
         return records
 
@@ -372,7 +377,8 @@ class QueueReader:
         return os.pread(fd, FRAME.size + length, position)
 
     def ack(self) -> None:
-        """Records everything returned by `read` so far as consumed and deletes finished segments."""
+        """Records everything returned by `read` since the last `ack` (any number of calls) as
+        consumed and deletes finished segments."""
         offsets = {}
         for part in self._partitions.values():
             part.acked = (part.seq, part.position)
@@ -397,7 +403,8 @@ class QueueReader:
                     os.unlink(self.path / segment_name(writer, seq))
 
     def rewind(self) -> None:
-        """Forgets what was read since the last `ack`: the next `read` returns it again."""
+        """Forgets what was read since the last `ack` (by any number of `read` calls): the next
+        `read` returns it again."""
         for part in self._partitions.values():
             part.seq, part.position = part.acked
 

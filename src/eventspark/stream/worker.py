@@ -10,6 +10,13 @@ to the load: while one batch is inserted, the next one queues up.
 When the warehouse or the coordination store cannot be reached, the batch stays in memory (and in
 the queue) and is retried with exponential backoff up to `retry_max_sec`; events are never dropped.
 A worker stopped or killed before the acknowledgement redelivers the batch when it starts again.
+
+With a minimum insert interval (`min_insert_interval_sec` > 0: ClickHouse by default), micro-batches
+are held in memory, read but not acknowledged, until the interval since the last insert is over, a
+table holds `min_insert_rows` rows, or `max_held_events` events are held; then each table gets one
+insert and everything held is acknowledged at once. A worker stopped or killed meanwhile does not
+insert what it holds: those events were never inserted, stay in the queue and are delivered (once)
+when it starts again.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ log = logging.getLogger(__name__)
 
 UNREACHABLE = (TransientError, CoordinationError)
 """Errors after which the batch is kept and retried: nothing was decided about its events."""
+HELD_EVENTS_FACTOR = 4
+"""With a minimum insert interval, a worker holds at most max(min_insert_rows, batch_events) × this
+many events in memory (`StreamSettings.max_held_events`), then inserts without waiting longer."""
+_INT_SETTINGS = frozenset({"batch_events", "min_insert_rows"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +64,18 @@ class StreamSettings:
     """...up to this."""
     poll_ms: float = 10.0
     """How often an idle worker looks for events appended by other processes."""
+    min_insert_interval_sec: float = 0.0
+    """Least time between two inserts into the destination (one insert per table each time): the
+    micro-batches read meanwhile are held, unacknowledged. 0: every micro-batch is inserted at once.
+    Per destination (`StreamWorkers.build`): its `stream:` block, else its type's capabilities."""
+    min_insert_rows: int = 0
+    """With an interval: rows held for one table that trigger the insert before the interval is
+    over (0: the interval alone decides)."""
+
+    @property
+    def max_held_events(self) -> int:
+        """The most events held in memory between inserts, whatever the interval."""
+        return max(self.min_insert_rows, self.batch_events) * HELD_EVENTS_FACTOR
 
     @classmethod
     def from_config(cls, section: Any) -> StreamSettings:
@@ -60,7 +83,7 @@ class StreamSettings:
         if section is None:
             return cls()
         raw = section if isinstance(section, Mapping) else getattr(section, "model_dump", dict)()
-        known = {k: float(v) if k != "batch_events" else int(v) for k, v in raw.items() if k in cls.__slots__}
+        known = {k: int(v) if k in _INT_SETTINGS else float(v) for k, v in raw.items() if k in cls.__slots__}
         return cls(**known)
 
 
@@ -71,6 +94,19 @@ class BatchOutcome:
     delivered: list[bytes] = field(default_factory=list)
     failed: list[tuple[bytes, str]] = field(default_factory=list)
     skipped: int = 0
+
+
+@dataclass(slots=True)
+class HeldBatch:
+    """Events read since the last acknowledgement, run through the chain: the rows of each table
+    (with each row's queued line) and the events already decided (skipped, failed by the chain)."""
+
+    outcome: BatchOutcome = field(default_factory=BatchOutcome)
+    tables: dict[str, list[tuple[Row, bytes]]] = field(default_factory=dict)
+    events: int = 0
+
+    def largest_table(self) -> int:
+        return max((len(items) for items in self.tables.values()), default=0)
 
 
 class _Stopped(Exception):
@@ -102,6 +138,8 @@ class StreamWorker:
         """Counters since start: events loaded, sent to `failed`, skipped by the template."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._held = HeldBatch()
+        self._last_insert = time.monotonic()
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -111,7 +149,8 @@ class StreamWorker:
         self._thread.start()
 
     def request_stop(self) -> None:
-        """Asks the thread to stop after the batch in progress (a batch waiting to retry stays queued)."""
+        """Asks the thread to stop after the batch in progress (a batch waiting to retry, or held
+        for the minimum insert interval, stays queued: it is delivered after the next start)."""
         self._stop.set()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -124,6 +163,10 @@ class StreamWorker:
     def open(self) -> None:
         self.reader.open()
         self.archive.open()
+        # Held events of an earlier run are in the queue again; the interval counts from now, so
+        # a restart loop cannot insert more often than the interval allows.
+        self._held = HeldBatch()
+        self._last_insert = time.monotonic()
 
     def close(self) -> None:
         self.reader.close()
@@ -142,7 +185,7 @@ class StreamWorker:
                     return
                 except Exception:  # a bug must not kill the worker silently: log, keep the batch, retry
                     log.exception("stream %s: micro-batch failed; retrying", self.dest_id)
-                    self.reader.rewind()
+                    self._rewind()
                     self._stop.wait(min(5.0, self.settings.retry_max_sec))
         finally:
             self.close()
@@ -159,8 +202,18 @@ class StreamWorker:
 
     # --- one micro-batch --------------------------------------------------------------------------
 
+    @property
+    def held_events(self) -> int:
+        """Events read and held for the minimum insert interval, not inserted nor acknowledged yet."""
+        return self._held.events
+
     def run_once(self) -> BatchOutcome | None:
-        """Takes one micro-batch, delivers it, acknowledges it; None when the queue stayed empty."""
+        """Takes one micro-batch, delivers it, acknowledges it; None when the queue stayed empty.
+
+        With a minimum insert interval it holds the micro-batch instead, and delivers and acknowledges
+        everything held once an insert is due (`_run_held`)."""
+        if self.settings.min_insert_interval_sec > 0:
+            return self._run_held()
         records = self.reader.read(self.settings.batch_events, self.settings.batch_wait_ms / 1000)
         self.archive.rotate_if_due()
         if not records:
@@ -172,8 +225,14 @@ class StreamWorker:
 
     def process(self, records: list[bytes]) -> BatchOutcome:
         """Runs the chain on each event and delivers the rows; retries while the warehouse is away."""
-        outcome = BatchOutcome()
-        tables: dict[str, list[tuple[Row, bytes]]] = {}
+        batch = HeldBatch()
+        self._hold(batch, records)
+        return self._deliver_all(batch)
+
+    def _hold(self, batch: HeldBatch, records: list[bytes]) -> None:
+        """Runs the chain on each event: its row joins its table's, or its outcome is decided."""
+        batch.events += len(records)
+        outcome, tables = batch.outcome, batch.tables
         for line in records:
             result = self._run_chain(line)
             if result is None:
@@ -182,7 +241,11 @@ class StreamWorker:
                 outcome.failed.append((line, result.error))
             else:
                 tables.setdefault(result.table, []).append((result, line))
-        for table, items in tables.items():
+
+    def _deliver_all(self, batch: HeldBatch) -> BatchOutcome:
+        """One insert per table (more only to isolate refused rows); the batch's outcome."""
+        outcome = batch.outcome
+        for table, items in batch.tables.items():
             errors = self._deliver(table, [row for row, _ in items])
             for (_, line), error in zip(items, errors, strict=True):
                 if error is None:
@@ -190,6 +253,52 @@ class StreamWorker:
                 else:
                     outcome.failed.append((line, error))
         return outcome
+
+    # --- held micro-batches (minimum insert interval) ---------------------------------------------
+
+    def _run_held(self) -> BatchOutcome | None:
+        """Reads one micro-batch into the held batch; when an insert is due, delivers everything
+        held and acknowledges it. An empty outcome: held; None: nothing came and nothing was due."""
+        room = self.settings.max_held_events - self._held.events
+        records = self.reader.read(min(self.settings.batch_events, room), self._held_wait()) if room > 0 else []
+        self.archive.rotate_if_due()
+        if records:
+            self._hold(self._held, records)
+        if self._held.events and self._insert_due():
+            return self._flush()
+        return BatchOutcome() if records else None
+
+    def _held_wait(self) -> float:
+        """How long `read` may wait for events: not past the moment the held ones are due."""
+        wait = self.settings.batch_wait_ms / 1000
+        if not self._held.events:
+            return wait
+        due = self._last_insert + self.settings.min_insert_interval_sec
+        return max(0.0, min(wait, due - time.monotonic()))
+
+    def _insert_due(self) -> bool:
+        settings, held = self.settings, self._held
+        if time.monotonic() - self._last_insert >= settings.min_insert_interval_sec:
+            return True
+        if held.events >= settings.max_held_events:
+            return True
+        return settings.min_insert_rows > 0 and held.largest_table() >= settings.min_insert_rows
+
+    def _flush(self) -> BatchOutcome:
+        """Delivers everything held, records it, acknowledges every micro-batch read since the last
+        flush. Raising (a bug, or `_Stopped` while the warehouse is away) leaves it all unacknowledged."""
+        batch, self._held = self._held, HeldBatch()
+        self._last_insert = time.monotonic()
+        outcome = self._deliver_all(batch)
+        self._record(outcome)
+        self.reader.ack()
+        log.debug("stream %s: inserted %d held events in %d tables", self.dest_id, batch.events, len(batch.tables))
+        return outcome
+
+    def _rewind(self) -> None:
+        """Forgets every read since the last acknowledgement, held events included: they are read again."""
+        self._held = HeldBatch()
+        self.reader.rewind()
 
     def _run_chain(self, line: bytes) -> Row | Failure | None:
         try:

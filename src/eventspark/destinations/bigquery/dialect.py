@@ -13,6 +13,7 @@ DIALECT = Dialect(
         DataType.TIMESTAMP: "TIMESTAMP",
     },
     quote_char="`",
+    string_escape="backslash",
     quote_escape="backslash",  # "quoted identifiers have the same escape sequences as string literals"
     max_identifier_length=300,  # column names; table names may be longer
 )

@@ -13,6 +13,7 @@ DIALECT = Dialect(
         DataType.TIMESTAMP: "DateTime",
     },
     quote_char="`",
+    string_escape="backslash",
     quote_escape="backslash",
     # No limit on names in SQL, but a table is a directory on disk, and file names stop at 255 bytes.
     max_identifier_length=255,

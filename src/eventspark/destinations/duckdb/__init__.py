@@ -8,5 +8,5 @@ DESTINATION = DestinationType(
     name="duckdb",
     config=DuckDBDestination,
     capabilities=CAPABILITIES,
-    factory="eventspark.destinations.duckdb.adapter:build",
+    factory="eventspark.destinations.duckdb.load:build",
 )

@@ -18,3 +18,12 @@ DIALECT = Dialect(
     },
     max_identifier_length=None,  # DuckDB sets no limit
 )
+
+ARROW_STAGE_TYPES: dict[DataType, str] = {
+    DataType.BOOL: "bool_",
+    DataType.INT64: "int64",
+    DataType.FLOAT64: "float64",
+    DataType.TIMESTAMP: "string",  # RFC 3339 text, cast at commit
+    DataType.STRING: "string",
+}
+"""The pyarrow type (by its factory's name) of each stage type in the Parquet chunks."""

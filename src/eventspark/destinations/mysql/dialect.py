@@ -13,5 +13,6 @@ DIALECT = Dialect(
         DataType.TIMESTAMP: "DATETIME",  # as EventNative: whole seconds (DATETIME(6) would keep microseconds)
     },
     quote_char="`",
+    string_escape="backslash",
     max_identifier_length=64,
 )

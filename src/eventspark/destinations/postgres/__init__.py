@@ -8,7 +8,7 @@ DESTINATION = DestinationType(
     name="postgres",
     config=PostgresDestination,
     capabilities=CAPABILITIES,
-    factory="eventspark.destinations.postgres.adapter:build",
+    factory="eventspark.destinations.postgres.load:build",
     extra="postgres",
     driver="psycopg",
 )

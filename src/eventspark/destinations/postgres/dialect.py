@@ -12,5 +12,14 @@ DIALECT = Dialect(
         DataType.STRING: "text",
         DataType.TIMESTAMP: "timestamp",
     },
+    stage_types={  # binary COPY types of staging tables; timestamps are RFC 3339 text, cast at commit
+        DataType.BOOL: "boolean",
+        DataType.INT64: "bigint",
+        DataType.FLOAT64: "float8",
+        DataType.TIMESTAMP: "text",
+        DataType.STRING: "text",
+    },
     max_identifier_length=63,  # NAMEDATALEN - 1; longer names are truncated silently by the server
 )
+
+STAGE_TYPES = DIALECT.stage_types

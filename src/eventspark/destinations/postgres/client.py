@@ -1,0 +1,134 @@
+"""PostgreSQL client (psycopg 3): connections, statements, error classification, and the bulk
+copy executors stage chunks with (binary COPY into UNLOGGED tables)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import psycopg
+from psycopg import sql
+
+from eventspark.destinations.base import StagedChunk, TerminalError, TransientError
+from eventspark.destinations.postgres.configuration import PostgresDestination
+from eventspark.destinations.postgres.dialect import STAGE_TYPES
+from eventspark.destinations.sql.stages import new_stage_table
+from eventspark.steps.typing import DataType
+
+DEFAULT_PORT = 5432
+CONNECT_TIMEOUT = 10
+
+
+def conninfo_of(dest: PostgresDestination) -> str:
+    ds = dest.datasource
+    params: dict[str, Any] = {"host": ds.host, "port": ds.port or DEFAULT_PORT, "dbname": ds.db}
+    if ds.username:
+        params["user"] = ds.username
+    if ds.password:
+        params["password"] = ds.password
+    params.setdefault("connect_timeout", CONNECT_TIMEOUT)
+    params.update(ds.parameters)
+    return psycopg.conninfo.make_conninfo(**params)
+
+
+@contextmanager
+def translated_errors(doing: str) -> Iterator[None]:
+    """psycopg errors as TransientError (connection lost or refused) or TerminalError (the rest)."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        raise TransientError(f"postgres: {doing}: {_message(exc)}") from exc
+    except psycopg.Error as exc:
+        raise TerminalError(f"postgres: {doing}: {_message(exc)}") from exc
+
+
+def _message(exc: psycopg.Error) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+class PostgresClient:
+    """One autocommit connection; `transaction` groups statements (in UTC)."""
+
+    def __init__(self, conninfo: str) -> None:
+        with translated_errors("connecting"):
+            # Literals are written with doubled quotes only: backslashes must not be escapes.
+            self.conn = psycopg.connect(conninfo, autocommit=True, options="-c standard_conforming_strings=on")
+
+    def execute(self, statement: str, doing: str, params: Sequence[Any] | None = None) -> None:
+        with translated_errors(doing):
+            self.conn.execute(statement.encode(), params)
+
+    def rows(self, statement: str, doing: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with translated_errors(doing):
+            return self.conn.execute(statement.encode(), params).fetchall()
+
+    @contextmanager
+    def transaction(self, doing: str) -> Iterator[None]:
+        with translated_errors(doing), self.conn.transaction():
+            self.conn.execute("SET LOCAL TimeZone = 'UTC'")
+            yield
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# --- bulk copy, on executors ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresStageTarget:
+    """Picklable: what an executor needs to write staging tables of one job."""
+
+    conninfo: str
+    schema: str
+    job_id: str
+
+    json_lines: ClassVar[bool] = False
+
+    def open(self) -> PostgresStageWriter:
+        return PostgresStageWriter(self)
+
+
+class PostgresStageWriter:
+    """One connection per executor task; each chunk becomes its own UNLOGGED table."""
+
+    def __init__(self, target: PostgresStageTarget) -> None:
+        self._target = target
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def write(self, columns: Mapping[str, DataType], rows: Sequence[Sequence[Any]]) -> StagedChunk:
+        name = new_stage_table(self._target.job_id)
+        table = sql.Identifier(self._target.schema, name)
+        names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        defs = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(STAGE_TYPES[t])) for c, t in columns.items()
+        )
+        types = [STAGE_TYPES[t] for t in columns.values()]
+        with translated_errors(f"staging {len(rows)} rows"):
+            conn = self._connection()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, defs))
+                    copy_sql = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table, names)
+                    with cur.copy(copy_sql) as copy:
+                        copy.set_types(types)
+                        for row in rows:
+                            copy.write_row(row)
+                conn.commit()
+            except BaseException:
+                if not conn.closed:
+                    conn.rollback()  # keep the connection usable for the task's other chunks
+                raise
+        return StagedChunk(name, dict(columns), len(rows))
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            self._conn = psycopg.connect(self._target.conninfo)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
