@@ -10,15 +10,18 @@ import contextlib
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from eventspark.destinations import build_destination
 from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, TerminalError, TransientError
-from eventspark.destinations.mysql.adapter import MySQLAdapter
 from eventspark.destinations.mysql.configuration import MySQLDestination
-from eventspark.destinations.mysql.load import data_type_of, insert_select
+from eventspark.destinations.mysql.dialect import DIALECT, data_type_of
+from eventspark.destinations.mysql.load import MySQLWarehouse as MySQLAdapter
+from eventspark.destinations.mysql.load import build
+from eventspark.destinations.sql.statements import copy_statements
 from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
 from tests.destinations.conftest import MYSQL_HOST, MYSQL_PORT, MYSQL_USER, free_port, mysql_connect
@@ -95,7 +98,7 @@ class Proxy:
 class TestMySQLAdapter(AdapterContract):
     @pytest.fixture
     def adapter(self, mysql_db: str) -> Iterator[MySQLAdapter]:
-        adapter = MySQLAdapter("my", destination(mysql_db))
+        adapter = build("my", destination(mysql_db), Path("."))
         yield adapter
         adapter.close()
 
@@ -171,25 +174,26 @@ class TestMySQLAdapter(AdapterContract):
             self.stage(adapter, "jw", {"n": N}, [[2**70]])
 
     def test_stream_insert_converts_timestamps(self, adapter: MySQLAdapter) -> None:
+        # Values come converted to their columns' types (stream.delivery); timestamps as RFC 3339.
         target = self.create(adapter, "s", {"id": S, "t": T, "b": B}, keys=("id",))
-        adapter.insert(target, [{"id": "a", "t": "2020-08-02T18:23:56.291383+02:00", "b": "true"}, {"id": "b"}])
+        adapter.insert(target, [{"id": "a", "t": "2020-08-02T18:23:56.291383+02:00", "b": True}, {"id": "b"}])
         assert self.query(adapter, "SELECT id, CAST(t AS CHAR), b FROM s ORDER BY id") == [
             ("a", "2020-08-02 16:23:56", 1),
             ("b", None, None),
         ]
-        with pytest.raises(TerminalError, match="inserting into 's'"):
+        with pytest.raises(TerminalError, match="inserting 1 rows into 's'"):
             adapter.insert(target, [{"id": "c", "t": "yesterday"}])
         assert len(self.query(adapter, "SELECT id FROM s")) == 2
 
     def test_unreachable_server_is_transient(self, mysql_db: str) -> None:
-        adapter = MySQLAdapter("my", destination(mysql_db, port=free_port()))
+        adapter = build("my", destination(mysql_db, port=free_port()), Path("."))
         with pytest.raises(TransientError, match="connecting"):
             adapter.read_tables()
 
     def test_server_down_then_up_loses_nothing(self, mysql_db: str) -> None:
         proxy = Proxy(MYSQL_PORT)
         proxy.start()
-        adapter = MySQLAdapter("my", destination(mysql_db, port=proxy.port))
+        adapter = build("my", destination(mysql_db, port=proxy.port), Path("."))
         try:
             target = self.create(adapter, "events", {"id": S, "n": N}, keys=("id",))
             chunk = self.stage(adapter, "jd", {"id": S, "n": N}, [["e1", 1], ["e2", 2]])
@@ -209,7 +213,7 @@ class TestMySQLAdapter(AdapterContract):
 
     def test_unknown_parameter_is_terminal(self, mysql_db: str) -> None:
         with pytest.raises(TerminalError, match="parameter 'tls'"):
-            MySQLAdapter("my", destination(mysql_db, parameters={"tls": "true"}))
+            build("my", destination(mysql_db, parameters={"tls": "true"}), Path("."))
 
 
 def test_build_destination_makes_the_adapter(tmp_path: Any) -> None:
@@ -293,15 +297,18 @@ def test_batch_with_the_server_down_keeps_the_log_then_loads_it(spark: Any, tmp_
     assert rows_of(mysql_db, "SELECT count(*) FROM t") == [(5,)]
 
 
+COPY_ARGS: Any = ("on_duplicate_key", DIALECT.quote, "`t`", lambda c: f"`{c.ref}`", lambda col, _stage, _sql: col)
+
+
 def test_commit_statements_follow_the_tables_key() -> None:
     chunks = [
         StagedChunk("s1", {"id": DataType.STRING, "v": DataType.INT64}, 1),
         StagedChunk("s2", {"v": DataType.INT64}, 1),
     ]
     plain = Table("t", {"id": "VARCHAR(255)", "v": "BIGINT"})
-    statements = insert_select(Load("d", plain, chunks, []), "`t`", lambda c: f"`{c.ref}`")
+    statements = copy_statements(Load("d", plain, chunks, []), *COPY_ARGS)
     assert len(statements) == 2 and not any("DUPLICATE" in s or "UNION" in s for s in statements)
     # A key the table has though the config names none (no order column): still an upsert.
     keyed = Table("t", {"id": "VARCHAR(255)", "v": "BIGINT"}, primary_keys=("id",))
-    (statement,) = insert_select(Load("d", keyed, chunks, []), "`t`", lambda c: f"`{c.ref}`")
+    (statement,) = copy_statements(Load("d", keyed, chunks, []), *COPY_ARGS)
     assert "ON DUPLICATE KEY UPDATE `v` = VALUES(`v`)" in statement and "ORDER BY" not in statement

@@ -7,22 +7,17 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from eventspark.stream.queue import QueueReader, queue_dir
-from tests.collector.conftest import Server, run_server  # noqa: F401
-from tests.destinations.conftest import (  # noqa: F401
-    MYSQL_PORT,
-    ClickHouseServer,
-    clickhouse_db,
-    clickhouse_server,
-    mysql_db,
-)
-from tests.stream.warehouses import (  # noqa: F401
+from tests.collector import conftest as collector_fixtures
+from tests.collector.conftest import Server
+from tests.destinations import conftest as destination_fixtures
+from tests.destinations.conftest import MYSQL_PORT, ClickHouseServer
+from tests.stream import warehouses
+from tests.stream.warehouses import (
     S2S_PATH,
     ClickHouseTable,
     Load,
@@ -32,11 +27,17 @@ from tests.stream.warehouses import (  # noqa: F401
     event_id,
     kill_clickhouse,
     mysql_stream,
-    private_mariadb,
     queued_bytes,
     serve_config,
     wait_for_counts,
 )
+
+# Fixtures of conftests this directory does not see.
+run_server = collector_fixtures.run_server
+clickhouse_server = destination_fixtures.clickhouse_server
+clickhouse_db = destination_fixtures.clickhouse_db
+mysql_db = destination_fixtures.mysql_db
+private_mariadb = warehouses.private_mariadb
 
 DEST = "live"
 OUTAGE_SEC = 3.0
@@ -78,7 +79,7 @@ def wait_for_rows(table: ClickHouseTable | MySQLTable, at_least: int, server: Se
 
 
 def test_clickhouse_stream_events_arrive(
-    run_server: Any, clickhouse_server: ClickHouseServer, clickhouse_db: str  # noqa: F811
+    run_server: Any, clickhouse_server: ClickHouseServer, clickhouse_db: str
 ) -> None:
     server = run_server(serve_config({DEST: clickhouse_stream(clickhouse_server, clickhouse_db)}))
     post_numbered(server.url, range(50))
@@ -91,7 +92,7 @@ def test_clickhouse_stream_events_arrive(
     assert server.stop() == 0
 
 
-def test_mysql_stream_events_arrive(run_server: Any, mysql_db: str) -> None:  # noqa: F811
+def test_mysql_stream_events_arrive(run_server: Any, mysql_db: str) -> None:
     server = run_server(serve_config({DEST: mysql_stream(MYSQL_PORT, mysql_db)}))
     post_numbered(server.url, range(50))
     table = MySQLTable(MYSQL_PORT, mysql_db)
@@ -125,7 +126,7 @@ def _outage_under_load(server: Server, table: ClickHouseTable | MySQLTable, kill
 
 
 def test_clickhouse_killed_under_load_loses_and_duplicates_nothing(
-    run_server: Any, clickhouse_server: ClickHouseServer, clickhouse_db: str  # noqa: F811
+    run_server: Any, clickhouse_server: ClickHouseServer, clickhouse_db: str
 ) -> None:
     server = run_server(serve_config({DEST: clickhouse_stream(clickhouse_server, clickhouse_db)}))
     table = ClickHouseTable(clickhouse_server, clickhouse_db)
@@ -134,7 +135,7 @@ def test_clickhouse_killed_under_load_loses_and_duplicates_nothing(
 
 
 def test_mariadb_killed_under_load_loses_and_duplicates_nothing(
-    run_server: Any, private_mariadb: MariaDBServer, tmp_path: Path  # noqa: F811
+    run_server: Any, private_mariadb: MariaDBServer
 ) -> None:
     private_mariadb.create_database("analytics")
     server = run_server(serve_config({DEST: mysql_stream(private_mariadb.port, "analytics")}))
@@ -185,12 +186,12 @@ def _serve_killed_under_load(run_server: Any, config: dict[str, Any], table: Cli
 
 
 def test_serve_killed_under_load_clickhouse(
-    run_server: Any, clickhouse_server: ClickHouseServer, clickhouse_db: str  # noqa: F811
+    run_server: Any, clickhouse_server: ClickHouseServer, clickhouse_db: str
 ) -> None:
     config = serve_config({DEST: clickhouse_stream(clickhouse_server, clickhouse_db)})
     _serve_killed_under_load(run_server, config, ClickHouseTable(clickhouse_server, clickhouse_db))
 
 
-def test_serve_killed_under_load_mysql(run_server: Any, mysql_db: str) -> None:  # noqa: F811
+def test_serve_killed_under_load_mysql(run_server: Any, mysql_db: str) -> None:
     config = serve_config({DEST: mysql_stream(MYSQL_PORT, mysql_db)})
     _serve_killed_under_load(run_server, config, MySQLTable(MYSQL_PORT, mysql_db))

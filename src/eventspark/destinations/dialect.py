@@ -91,7 +91,6 @@ class Dialect:
             escaped = identifier.replace(q, q + q)
         return f"{q}{escaped}{q}"
 
-
     def literal(self, text: str) -> str:
         """``text`` as an SQL string literal; ValueError for control characters (NUL included)."""
         if _CONTROL_CHARS.search(text):

@@ -8,7 +8,7 @@ DESTINATION = DestinationType(
     name="mysql",
     config=MySQLDestination,
     capabilities=CAPABILITIES,
-    factory="eventspark.destinations.mysql.adapter:build",
+    factory="eventspark.destinations.mysql.load:build",
     extra="mysql",
     driver="pymysql",
 )

@@ -1,155 +1,174 @@
-"""MySQL/MariaDB SQL built from data: column types, the commit's INSERT ... SELECT, stream rows.
+"""MySQL / MariaDB: what differs from the shared SQL load (`sql.warehouse.SqlWarehouse`).
 
-The commit relies on the session's strict mode (`STRICT_ALL_TABLES`) rather than CAST: assigning
-text that is not a number to a BIGINT column is then an error that fails the load, where CAST
-would only warn and store 0.
+Executors `LOAD DATA LOCAL INFILE` each chunk into its own InnoDB staging table; the shared commit
+moves a pair's chunks into the target with INSERT ... SELECT (`ON DUPLICATE KEY UPDATE` with a
+primary key) and writes the load markers in the same transaction. Values are not CAST: the
+session's strict mode (`STRICT_ALL_TABLES`) makes text that is not a number an error when it is
+assigned to a BIGINT column, where CAST would only warn and store 0. Stream rows go as multi-row
+INSERTs with parameters.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk
-from eventspark.destinations.mysql.dialect import DIALECT
-from eventspark.destinations.staging import load_columns
-from eventspark.destinations.tsv import NULL, STAGE_ENCODERS, Encoder
-from eventspark.steps.typing import DataType, coerce, parse_timestamp
+from eventspark.destinations.base import STAGE_PREFIX, TerminalError
+from eventspark.destinations.mysql.capabilities import CAPABILITIES
+from eventspark.destinations.mysql.client import (
+    DUPLICATE_COLUMN,
+    ConnectInfo,
+    MySQLClient,
+    MySQLStageTarget,
+    connect_info_of,
+    mysql_datetime,
+    pct,
+)
+from eventspark.destinations.mysql.configuration import MySQLDestination
+from eventspark.destinations.mysql.dialect import (
+    DIALECT,
+    EXACT_COLLATIONS,
+    KEY_TEXT_TYPE,
+    TABLE_OPTIONS,
+    data_type_of,
+    key_column_type,
+    quote,
+)
+from eventspark.destinations.sql.warehouse import SqlClient, SqlWarehouse
+from eventspark.steps.diff import Table
+from eventspark.steps.typing import DataType
 
-quote = DIALECT.quote
-
-STAGE_TYPES: dict[DataType, str] = {
-    DataType.BOOL: "BOOLEAN",
-    DataType.INT64: "BIGINT",
-    DataType.FLOAT64: "DOUBLE",
-    DataType.STRING: "LONGTEXT",
-    DataType.TIMESTAMP: "DATETIME(6)",
-}
-KEY_TEXT_TYPE = "VARCHAR(255)"
-"""Key columns cannot be TEXT in MySQL (no index without a prefix length): text keys get this."""
-TABLE_OPTIONS = "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={}"
-"""utf8mb4 for any text; a binary collation so that keys compare as eventspark compares them."""
-EXACT_COLLATIONS = ("utf8mb4_nopad_bin", "utf8mb4_0900_bin", "utf8mb4_bin")
-"""Binary collations, best first: MariaDB's and MySQL 8's do not ignore trailing spaces."""
-
-_TYPE = re.compile(r"^\s*([a-z ]+?)\s*(?:\((\d+)(?:\s*,\s*\d+)?\))?(?:\s+(?:unsigned|signed|zerofill))*\s*$")
-_FAMILIES: dict[str, DataType] = {
-    **dict.fromkeys(["boolean", "bool"], DataType.BOOL),
-    **dict.fromkeys(["bigint", "int", "integer", "mediumint", "smallint", "tinyint", "year"], DataType.INT64),
-    **dict.fromkeys(["decimal", "numeric", "double", "double precision", "float", "real"], DataType.FLOAT64),
-    **dict.fromkeys(
-        ["text", "tinytext", "mediumtext", "longtext", "varchar", "char", "character varying"], DataType.STRING
-    ),
-    **dict.fromkeys(["datetime", "timestamp"], DataType.TIMESTAMP),
-}
-TEXT_FAMILIES = frozenset({"text", "tinytext", "mediumtext", "longtext"})
+INSERT_ROWS = 1000
+"""Rows per multi-row INSERT in stream mode (well under the default 16 MB max_allowed_packet)."""
 
 
-def type_family(sql_type: str) -> tuple[str, int | None]:
-    """(`bigint`, 20) for `bigint(20) unsigned`; ('', None) for what does not parse."""
-    match = _TYPE.match(sql_type.lower())
-    if match is None:
-        return "", None
-    return match.group(1), int(match.group(2)) if match.group(2) else None
+def build(dest_id: str, dest: MySQLDestination, events_dir: Path) -> MySQLWarehouse:
+    return MySQLWarehouse(dest_id, connect_info_of(dest), dest.datasource.db)
 
 
-def data_type_of(sql_type: str) -> DataType | None:
-    """The DataType of a MySQL column type; `tinyint(1)` is how BOOLEAN reads back."""
-    family, size = type_family(sql_type)
-    if family == "tinyint" and size == 1:
-        return DataType.BOOL
-    return _FAMILIES.get(family)
+class MySQLWarehouse(SqlWarehouse):
+    """A MySQL database (`datasource.db`, created when missing)."""
 
+    dialect = DIALECT
+    capabilities = CAPABILITIES
+    CREATE_SCHEMA = "CREATE DATABASE IF NOT EXISTS {schema} CHARACTER SET utf8mb4"
+    MARKER_TABLE = (
+        "CREATE TABLE IF NOT EXISTS {name} (dest_id VARCHAR(128) NOT NULL, file VARCHAR(255) NOT NULL, "
+        "table_name VARCHAR(64) NOT NULL, loaded_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, "
+        "PRIMARY KEY (dest_id, file, table_name)) " + TABLE_OPTIONS.format("utf8mb4_bin")
+    )
 
-def key_column_type(sql_type: str) -> str:
-    """The type a key column needs: VARCHAR(255) instead of a TEXT type."""
-    return KEY_TEXT_TYPE if type_family(sql_type)[0] in TEXT_FAMILIES else sql_type
+    def __init__(self, dest_id: str, info: ConnectInfo, db: str) -> None:
+        super().__init__(dest_id, db)
+        self.info = info
+        self._options = TABLE_OPTIONS.format(EXACT_COLLATIONS[-1])
 
+    def _connect(self) -> MySQLClient:
+        client = MySQLClient(self.info)
+        try:
+            self._options = TABLE_OPTIONS.format(self._collation(client))
+        except BaseException:
+            client.close()
+            raise
+        return client
 
-def insert_select(load: Load, target: str, source: Callable[[StagedChunk], str]) -> list[str]:
-    """The INSERT ... SELECT statements of a commit (run in one transaction).
+    @staticmethod
+    def _collation(client: MySQLClient) -> str:
+        """The best exact collation the server has (see EXACT_COLLATIONS)."""
+        marks = ", ".join(["%s"] * len(EXACT_COLLATIONS))
+        query = f"SELECT COLLATION_NAME FROM information_schema.COLLATIONS WHERE COLLATION_NAME IN ({marks})"
+        found = {name for (name,) in client.rows(query, "connecting", EXACT_COLLATIONS)}
+        return next((c for c in EXACT_COLLATIONS if c in found), EXACT_COLLATIONS[-1])
 
-    When the table has no primary key, one statement per chunk straight from its staging table: a
-    UNION ALL of the chunks would be materialised by the server first (on disk, as the rows hold
-    TEXT), writing every row twice. With a key, one upsert of every chunk, in the order column's
-    order when the chunks carry it, so that the last event of a key wins.
-    """
-    columns = load_columns(load)
-    names = ", ".join(quote(c) for c in columns)
-    keys = load.table.primary_keys
-    if not keys:
-        return [f"INSERT INTO {target} ({names}) {_branch(load, c, columns, source(c), False)}" for c in load.chunks]
-    # The table's key, whether or not the config names one: a row whose key exists is updated.
-    keep_order = load.ordered
-    branches = " UNION ALL ".join(_branch(load, chunk, columns, source(chunk), keep_order) for chunk in load.chunks)
-    aliases = ", ".join(f"c{i}" for i in range(len(columns)))
-    statement = f"INSERT INTO {target} ({names}) SELECT {aliases} FROM ({branches}) AS s"
-    if keep_order:
-        statement += " ORDER BY s.seq"
-    return [statement + upsert_clause(columns, keys)]
+    def _catalog(self, client: SqlClient, name: str | None) -> tuple[list[Any], list[tuple[str, Sequence[str]]]]:
+        assert isinstance(client, MySQLClient)
+        where = "TABLE_SCHEMA = %s" + (" AND TABLE_NAME = %s" if name is not None else "")
+        args = (self.schema, name) if name is not None else (self.schema,)
+        columns = client.rows(
+            "SELECT TABLE_NAME, COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS "
+            f"WHERE {where} ORDER BY TABLE_NAME, ORDINAL_POSITION",
+            "reading tables",
+            args,
+        )
+        key_rows = client.rows(
+            "SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE "
+            f"WHERE {where} AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY TABLE_NAME, ORDINAL_POSITION",
+            "reading tables",
+            args,
+        )
+        keys: dict[str, list[str]] = {}
+        for table, column in key_rows:
+            keys.setdefault(table, []).append(column)
+        return columns, list(keys.items())
 
+    def _stage_tables(self, client: SqlClient) -> list[tuple[str, str]]:
+        return client.rows(
+            "SELECT TABLE_NAME, '' FROM information_schema.TABLES WHERE TABLE_SCHEMA = "
+            f"{self.literal(self.schema)} AND LEFT(TABLE_NAME, {len(STAGE_PREFIX)}) = {self.literal(STAGE_PREFIX)}",
+            "listing staging tables",
+        )
 
-def upsert_clause(columns: Sequence[str], keys: Sequence[str]) -> str:
-    """`ON DUPLICATE KEY UPDATE` for a table with a primary key ('' without one)."""
-    if not keys:
-        return ""
-    updates = [f"{quote(c)} = VALUES({quote(c)})" for c in columns if c not in keys]
-    if not updates:  # nothing to update: a no-op assignment keeps the existing row
-        updates = [f"{quote(keys[0])} = {quote(keys[0])}"]
-    return " ON DUPLICATE KEY UPDATE " + ", ".join(updates)
+    # --- patching -----------------------------------------------------------------------------
 
+    def _column_def(self, column: str, sql_type: str, keys: Sequence[str]) -> str:
+        return f"{quote(column)} {key_column_type(sql_type) if column in keys else sql_type}"
 
-def _branch(load: Load, chunk: StagedChunk, columns: list[str], source: str, keep_order: bool) -> str:
-    exprs = []
-    for index, name in enumerate(columns):
-        stage = chunk.columns.get(name)
-        value = "NULL" if stage is None else quote(name)
-        if stage is DataType.BOOL and data_type_of(load.table.columns[name]) is DataType.STRING:
-            value = f"CASE WHEN {value} IS NULL THEN NULL WHEN {value} THEN 'true' ELSE 'false' END"
-        exprs.append(f"{value} AS c{index}")
-    if keep_order:
-        exprs.append(f"{quote(ORDER_COLUMN) if ORDER_COLUMN in chunk.columns else '0'} AS seq")
-    return f"SELECT {', '.join(exprs)} FROM {source}"
+    def _table_options(self) -> str:
+        return f" {self._options}"
 
+    def _is_duplicate_column(self, exc: TerminalError) -> bool:
+        cause = exc.__cause__
+        return cause is not None and bool(cause.args) and cause.args[0] == DUPLICATE_COLUMN
 
-def _timestamps(values: Sequence[Any]) -> list[str]:
-    """RFC 3339 text as MySQL DATETIME text in UTC (MySQL reads no offsets)."""
-    out = []
-    for v in values:
-        if v is None:
-            out.append(NULL)
-        elif len(v) == 27 and v[26] == "Z" and v[10] == "T":  # the pipeline's own format: no parsing
-            out.append(f"{v[:10]} {v[11:26]}")
-        else:
-            out.append(mysql_datetime(v).isoformat(" ", "microseconds"))
-    return out
+    def _key_statements(self, client: SqlClient, table: str, keys: tuple[str, ...]) -> list[str]:
+        current = self._read(table).get(table) or Table(table)
+        changes = [
+            f"MODIFY COLUMN {quote(k)} {KEY_TEXT_TYPE}"
+            for k in keys
+            if key_column_type(current.columns.get(k, "")) != current.columns.get(k, "")
+        ]
+        if current.primary_keys:
+            changes.append("DROP PRIMARY KEY")
+        changes.append(f"ADD PRIMARY KEY ({', '.join(quote(k) for k in keys)})")
+        return [f"ALTER TABLE {self.name(table)} {', '.join(changes)}"]
 
+    # --- batch --------------------------------------------------------------------------------
 
-def mysql_datetime(value: Any) -> datetime:
-    """A timestamp value (RFC 3339 text or datetime) as a naive UTC datetime."""
-    parsed = parse_timestamp(value) if isinstance(value, str) else coerce(value, DataType.TIMESTAMP)
-    if not isinstance(parsed, datetime):
-        raise ValueError(f"{value!r} is not an RFC 3339 timestamp")
-    return parsed.replace(tzinfo=None)
+    def stage_target(self, job_id: str, pass_bytes: int = 0) -> MySQLStageTarget:
+        self._connection()  # the database must exist before executors create tables in it
+        return MySQLStageTarget(self.info, self.schema, job_id)
 
+    def _value(self, column: str, stage: DataType | None, target_sql: str) -> str:
+        if stage is None:
+            return "NULL"
+        if stage is DataType.BOOL and data_type_of(target_sql) is DataType.STRING:
+            # As the other warehouses print booleans.
+            return f"CASE WHEN {column} IS NULL THEN NULL WHEN {column} THEN 'true' ELSE 'false' END"
+        return column
 
-STAGE_FILE_ENCODERS: dict[DataType, Encoder] = {**STAGE_ENCODERS, DataType.TIMESTAMP: _timestamps}
+    # --- stream -------------------------------------------------------------------------------
 
-
-def stream_value(value: Any, target: DataType | None) -> Any:
-    """A stream row's value as the driver should send it for a column of DataType `target`."""
-    if value is None or target is None:
-        return value
-    if target is DataType.TIMESTAMP:
-        return mysql_datetime(value)
-    return coerce(value, target)
-
-
-def group_rows(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, ...], list[Mapping[str, Any]]]:
-    """Rows by their tuple of columns, in first-seen order: one multi-row INSERT per group."""
-    groups: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(tuple(row), []).append(row)
-    return groups
+    def _insert_rows(
+        self, client: SqlClient, table: Table, columns: Sequence[str], rows: Sequence[Mapping[str, Any]], doing: str
+    ) -> None:
+        """Multi-row INSERTs of INSERT_ROWS rows, built here rather than by executemany, whose
+        statement parsing a column name like `x) VALUES (` could confuse."""
+        timestamps = [data_type_of(table.columns[c]) is DataType.TIMESTAMP for c in columns]
+        try:
+            values = [
+                [
+                    mysql_datetime(row.get(c)) if ts and row.get(c) is not None else row.get(c)
+                    for c, ts in zip(columns, timestamps, strict=True)
+                ]
+                for row in rows
+            ]
+        except ValueError as exc:
+            raise TerminalError(f"mysql: {doing}: {exc}") from exc
+        names = ", ".join(quote(c) for c in columns)
+        prefix = pct(f"INSERT INTO {self.name(table.name)} ({names}) VALUES ")
+        suffix = pct(self._upsert(table, columns))
+        marks = "(" + ", ".join(["%s"] * len(columns)) + ")"
+        for start in range(0, len(values), INSERT_ROWS):
+            part = values[start : start + INSERT_ROWS]
+            client.execute(prefix + ", ".join([marks] * len(part)) + suffix, doing, [v for row in part for v in row])
