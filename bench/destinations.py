@@ -95,11 +95,11 @@ class Warehouse:
         return bench_config(root, master, {"wh": dest})
 
     def ch(self, sql: str, data: bytes | None = None) -> bytes:
-        from eventspark.destinations.clickhouse.http import Client, parse_dsn
+        from eventspark.destinations.clickhouse.client import Client, parse_dsn
 
         client = Client(parse_dsn(f"http://127.0.0.1:{self.http_port}"))
         try:
-            return client.execute(sql, data)
+            return client.execute(sql, data=data)
         finally:
             client.close()
 

@@ -1,15 +1,19 @@
 """Shared fixtures: one SparkSession for the whole run, and a private Postgres schema per test.
 
-Postgres is the machine's server at 127.0.0.1:5432 (trust auth, database `test`).
+Postgres is the machine's server at 127.0.0.1:5432 (trust auth, database `test`). It is shared with
+everyone on the machine and stays up: a test that stops or kills a server uses `private_postgres`.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.private_postgres import PostgresServer
 
 PG_HOST = "127.0.0.1"
 PG_PORT = 5432
@@ -53,3 +57,20 @@ def pg_schema() -> Iterator[str]:
 def pg_datasource(pg_schema: str) -> dict[str, Any]:
     """The `datasource` section of a postgres destination writing into `pg_schema`."""
     return {"host": PG_HOST, "port": PG_PORT, "db": PG_DB, "schema": pg_schema, "username": PG_USER}
+
+
+@pytest.fixture(scope="session")
+def private_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL of the tests' own (tests/private_postgres.py) with an empty database `test`, on
+    a free port, that a test may stop, kill and start again; stopped and deleted after the session.
+    A test that takes it down brings it back up before it ends."""
+    from tests.destinations.conftest import free_port
+    from tests.private_postgres import PostgresServer
+
+    server = PostgresServer.initialise(free_port())
+    try:
+        server.start()
+        server.create_database(PG_DB)
+        yield server
+    finally:
+        server.destroy()

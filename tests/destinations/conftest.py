@@ -51,7 +51,7 @@ class ClickHouseServer:
 
     def query(self, sql: str) -> list[list[Any]]:
         """Rows of `sql` through the HTTP interface (JSON values)."""
-        from eventspark.destinations.clickhouse.http import Client, parse_dsn
+        from eventspark.destinations.clickhouse.client import Client, parse_dsn
 
         client = Client(parse_dsn(self.url))
         try:

@@ -14,16 +14,12 @@ import pytest
 from eventspark.destinations import build_destination
 from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, TerminalError, TransientError, new_job_id
 from eventspark.destinations.clickhouse import load as ch_load
-from eventspark.destinations.clickhouse.adapter import (
-    MEMORY_STAGE_MAX_BYTES,
-    ClickHouseAdapter,
-    key_columns,
-    stage_engine,
-)
+from eventspark.destinations.clickhouse.client import Client, _server_error, parse_dsn
 from eventspark.destinations.clickhouse.configuration import ClickHouseDestination
 from eventspark.destinations.clickhouse.ddl import add_column_statements, create_statements
-from eventspark.destinations.clickhouse.http import Client, _server_error, parse_dsn
-from eventspark.destinations.clickhouse.load import casts_cannot_fail, data_type_of
+from eventspark.destinations.clickhouse.dialect import data_type_of
+from eventspark.destinations.clickhouse.load import MEMORY_STAGE_MAX_BYTES, casts_cannot_fail, key_columns, stage_engine
+from eventspark.destinations.clickhouse.load import ClickHouseWarehouse as ClickHouseAdapter
 from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
 from tests.destinations.conftest import ClickHouseServer
@@ -39,7 +35,7 @@ def destination(dsn: str, db: str, **clickhouse: Any) -> ClickHouseDestination:
 
 
 def layout(**clickhouse: Any) -> Any:
-    from eventspark.destinations.clickhouse.adapter import layout_of
+    from eventspark.destinations.clickhouse.load import layout_of
 
     return layout_of(destination("http://h:8123/db", "db", **clickhouse).clickhouse)
 

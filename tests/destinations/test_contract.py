@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from eventspark.batch.process import run_pass
 from eventspark.config import LoadedConfig
 from eventspark.coordination import MemoryCoordination
 from eventspark.destinations import build_destination
-from eventspark.destinations.base import LOADS_TABLE
+from eventspark.destinations.base import LOADS_TABLE, STAGE_PREFIX, DestinationError
 from eventspark.destinations.registry import REGISTRY
 from eventspark.logs.rotated import rotated_logs
 from eventspark.steps.typing import DataType
@@ -51,9 +50,9 @@ CASES = [
 FAST = StreamSettings(batch_wait_ms=20, retry_min_sec=0.2, retry_max_sec=1.0, poll_ms=5)
 
 
-def event(n: int, timestamp: str = TIMESTAMP, **fields: Any) -> dict[str, Any]:
+def event(number: int, timestamp: str = TIMESTAMP, /, **fields: Any) -> dict[str, Any]:
     """An event as the collector logs it, with id `e<nnn>`."""
-    return {"_timestamp": timestamp, "eventn_ctx": {"event_id": f"e{n:03d}"}, **fields}
+    return {"_timestamp": timestamp, "eventn_ctx": {"event_id": eid(number)}, **fields}
 
 
 def eid(n: int) -> str:
@@ -64,7 +63,7 @@ def eid(n: int) -> str:
 
 
 class BatchRunner:
-    """Each `send` is one rotated log; `deliver` is one pass over the waiting logs."""
+    """Each `send` is one rotated log; `load` is one pass over the waiting logs."""
 
     def __init__(self, loaded: LoadedConfig, root: Path, spark: Any) -> None:
         self.loaded, self.root, self.spark = loaded, root, spark
@@ -76,11 +75,11 @@ class BatchRunner:
     def run(self, fault: Callable[[str], None] | None = None) -> JobResult:
         return run_pass(self.loaded, self.coordination, fault=fault, session=self.spark)
 
-    def deliver(self) -> None:
-        """One pass; fails the test if a pair failed."""
+    def load(self) -> str:
+        """One pass; what failed ('' when every pair was uploaded)."""
         result = self.run()
         errors = {f"{d}/{t}": p.error for (d, t), p in result.pairs.items() if p.error}
-        assert result.ok, f"the batch pass failed: {errors}"
+        return f"the batch pass failed: {errors}" if errors else ""
 
     def logs(self) -> list[Path]:
         return rotated_logs(self.root / "events" / "incoming")
@@ -93,30 +92,49 @@ class BatchRunner:
 
 
 class StreamRunner:
-    """`send` appends to the destination's queue; `deliver` runs micro-batches until it is empty."""
+    """`send` appends to the destination's queue; `load` runs micro-batches until it is empty."""
 
     def __init__(self, loaded: LoadedConfig) -> None:
-        events_dir = Path(loaded.config.log.path)
+        self.loaded = loaded
         self.coordination = MemoryCoordination("contract")
         workers = StreamWorkers(loaded, self.coordination, FAST)
         self.worker: StreamWorker = workers.build(DEST, loaded.config.destinations[DEST])
         self.worker.open()
-        self.writer = QueueWriter(queue_dir(events_dir, DEST))
+        self._stepping = True
+        self.writer = QueueWriter(queue_dir(Path(loaded.config.log.path), DEST))
 
     def send(self, events: list[dict[str, Any]]) -> None:
         self.writer.append(b"".join(orjson.dumps(e) + b"\n" for e in events), len(events))
 
-    def deliver(self) -> None:
-        while self.worker.run_once() is not None:
-            pass
+    def load(self) -> str:
+        """Micro-batches until the queue is empty; what stopped the worker ('' when nothing did).
+        (`serve` would log such an error and retry the same micro-batch, forever.)"""
+        try:
+            while self.worker.run_once() is not None:
+                pass
+        except DestinationError as exc:
+            return f"the stream worker failed: {type(exc).__name__}: {exc}"
+        return ""
 
     def release(self) -> None:
         """Closes the worker's connection (it reconnects on the next insert)."""
         self.worker.delivery.adapter.close()
 
+    def hand_over(self) -> None:
+        """Closes the step-driven worker, so that `serve` workers can consume the queue."""
+        if self._stepping:
+            self._stepping = False
+            self.worker.close()
+
+    def serve(self) -> StreamWorkers:
+        """The destination's worker on its own thread, as `eventspark serve` runs it."""
+        workers = StreamWorkers(self.loaded, self.coordination, FAST)
+        workers.start()
+        return workers
+
     def close(self) -> None:
         self.writer.close()
-        self.worker.close()
+        self.hand_over()
         self.coordination.close()
 
 
@@ -136,7 +154,9 @@ class Case:
         self.runner.send(events)
 
     def deliver(self) -> None:
-        self.runner.deliver()
+        """Loads what was sent; fails the test if the load reports an error."""
+        problem = self.runner.load()
+        assert not problem, problem
 
     def _release(self) -> None:
         if self.warehouse.exclusive_file:
@@ -304,7 +324,7 @@ HOSTILE_KEYS = {
     "ünï": re.compile(r"_n__[0-9a-f]{8}"),  # non-ASCII keys get a hash of the key: docs of steps/flatten.py
     "名前": re.compile(r"___[0-9a-f]{8}"),
 }
-HOSTILE_VALUE = "'); DROP TABLE victim; -- \" ` \\ ; %s %% ünï 名前"
+HOSTILE_VALUE = "'); DROP TABLE victim; -- \" ` \\ ; %s %% ünï 名前 😀"
 HOSTILE_ID = "id'); DROP TABLE victim;--"
 
 
@@ -339,6 +359,47 @@ def test_hostile_table_and_field_names_are_sanitised_and_quoted(
         expected_rows = sorted((id_, event_type, *(f"{k} = {HOSTILE_VALUE}" for k in names)) for id_ in ids)
         assert case.rows(table, [KEY, "event_type", *names.values()]) == expected_rows
     assert case.failed() == []
+
+
+@pytest.mark.parametrize(("dest_type", "mode"), CASES)
+def test_table_names_reserved_by_eventspark_fail_their_events_alone(
+    request: pytest.FixtureRequest, dest_type: str, mode: str
+) -> None:
+    """A template can render the name of one of eventspark's own tables (`destinations.base`: the
+    load markers, and `_es_stage_<job>_...` stages, which a later pass drops as stale). Such an
+    event must not reach that table nor hold up the others: like an event with the reserved field
+    `_es_seq` (batch), it goes to failed/ with a reason (or to a table of its own)."""
+    case = start(request, dest_type, mode, {"table_name_template": "{{.event_type}}"})
+    stage_name = f"{STAGE_PREFIX}00000000aaaaaa_x"  # a job id from 1970: stale for every pass
+    case.send([event(0, event_type=LOADS_TABLE, a=0), event(1, event_type=stage_name, a=1)])
+    case.send([event(2, event_type="page", a=2)])
+    _assert_settled_alone(case, [eid(0), eid(1)], case.runner.load())
+
+
+@pytest.mark.parametrize(("dest_type", "mode"), CASES)
+def test_table_names_too_long_for_the_warehouse_fail_their_events_alone(
+    request: pytest.FixtureRequest, dest_type: str, mode: str
+) -> None:
+    """70 characters: more than Postgres (63) and MySQL (64) take in a name. Whether the name is
+    shortened (steps/template.py: "truncating ... is the destination's job") or refused
+    (`Dialect.quote`), the event must end in a table or in failed/, not hold up the load."""
+    case = start(request, dest_type, mode, {"table_name_template": "{{.event_type}}"})
+    case.send([event(0, event_type="x" * 70, a=0), event(1, event_type="page", a=1)])
+    _assert_settled_alone(case, [eid(0)], case.runner.load())
+
+
+def _assert_settled_alone(case: Case, odd: list[str], problem: str) -> None:
+    """The event after the `odd` ones (table `page`) is delivered; each odd one is in failed/ or
+    in a table eventspark leaves alone; the load reports no error (nothing to retry)."""
+    assert "page" in case.tables(), f"the other events were not delivered: {problem}"
+    assert case.rows("page", [KEY, "a"]) == [(eid(len(odd)), len(odd))]
+    failed = {f["event_id"] for f in case.failed()}
+    tables = case.tables()
+    stored = {row[0] for t in tables - {"page"} for row in case.warehouse.select(t, [KEY])}
+    unsettled = [i for i in odd if i not in failed | stored]
+    assert not unsettled, f"{unsettled} neither in failed/ nor in a table; the load said: {problem or 'nothing'}"
+    assert not [t for t in tables if t.startswith(STAGE_PREFIX)], f"a table named like a stage: {tables}"
+    assert problem == ""
 
 
 @pytest.mark.parametrize(("dest_type", "mode"), CASES)
@@ -417,26 +478,41 @@ def _batch_outage(case: Case, runner: BatchRunner) -> None:
 
 def _stream_outage(case: Case, runner: StreamRunner, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="eventspark.stream.worker")
-    case.down()
-    case.send([event(i, n=i) for i in range(5, 25)])
-    errors: list[BaseException] = []
+    runner.hand_over()  # from here on workers run on their threads, as in `serve`
+    started: list[StreamWorkers] = []
 
-    def drain() -> None:
-        try:
-            case.deliver()
-        except BaseException as exc:  # re-raised in the test's thread
-            errors.append(exc)
+    def serve() -> StreamWorker:
+        started.append(runner.serve())
+        return started[-1].workers[DEST]
 
-    thread = threading.Thread(target=drain, daemon=True)
-    thread.start()
-    time.sleep(1.5)
-    assert thread.is_alive(), f"the worker should still be retrying: {errors}"
-    assert runner.worker.delivered == 5 and runner.worker.failed == 0
-    assert case.failed() == []
-    assert _stored_ids(case) in (None, [eid(i) for i in range(5)])
-    assert any("retrying" in r.getMessage() for r in caplog.records), "no retry was logged"
-    case.up()
-    thread.join(30)
-    assert not thread.is_alive(), "the worker did not deliver within 30 s of the warehouse coming back"
-    assert errors == []
-    assert runner.worker.delivered == 25
+    try:
+        worker = serve()
+        case.send([event(i, n=i) for i in range(5, 10)])
+        wait_for(lambda: worker.delivered == 5, "the running worker to deliver 5 events")
+        if case.warehouse.exclusive_file:  # the worker keeps the file open: `down` needs it closed
+            started[-1].stop()
+        case.warehouse.down()  # a network warehouse resets the worker's open connection
+        case.send([event(i, n=i) for i in range(10, 25)])
+        if case.warehouse.exclusive_file:
+            worker = serve()
+        delivered = worker.delivered
+        time.sleep(1.5)
+        assert worker.delivered == delivered and worker.failed == 0, "nothing can be delivered while down"
+        assert case.failed() == []
+        assert _stored_ids(case) in (None, [eid(i) for i in range(10)])
+        assert any("retrying" in r.getMessage() for r in caplog.records), "no retry was logged"
+        started[-1].stop()  # `serve` restarts during the outage: the undelivered events stay queued
+
+        case.warehouse.up()
+        worker = serve()
+        wait_for(lambda: worker.delivered == 15, "the restarted worker to deliver the 15 queued events", 30.0)
+    finally:
+        for workers in started:
+            workers.stop()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.02)

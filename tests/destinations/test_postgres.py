@@ -9,8 +9,8 @@ import psycopg
 import pytest
 
 from eventspark.destinations.base import TransientError
-from eventspark.destinations.postgres.load import PostgresWarehouse as PostgresAdapter
 from eventspark.destinations.postgres.configuration import PostgresDestination
+from eventspark.destinations.postgres.load import PostgresWarehouse as PostgresAdapter
 from eventspark.steps.diff import TablePatch
 from eventspark.steps.typing import DataType
 from tests.conftest import pg_conninfo

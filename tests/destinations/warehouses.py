@@ -23,7 +23,10 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlencode
+from urllib.request import Request, urlopen
 
+import orjson
 import pytest
 
 from eventspark.steps.typing import DataType
@@ -59,8 +62,8 @@ class Warehouse(ABC):
 
     @abstractmethod
     def select(self, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
-        """`columns` of every row of `table` (deduplicated as the warehouse promises), ordered by
-        `eventn_ctx_event_id`, as the driver returns them."""
+        """`columns` of every row of `table` (deduplicated as the warehouse promises), as the driver
+        returns them, in no particular order."""
 
     def absent(self, data_type: DataType) -> Any:
         """What a column of `data_type` holds for an event without the field (after `normalise`)."""
@@ -134,7 +137,7 @@ class PostgresWarehouse(_Proxied):
 
     def select(self, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
         names = ", ".join(_dq(c) for c in columns)
-        return self._rows(f"SELECT {names} FROM {_dq(self.schema)}.{_dq(table)} ORDER BY eventn_ctx_event_id")
+        return self._rows(f"SELECT {names} FROM {_dq(self.schema)}.{_dq(table)}")
 
 
 # --- mysql --------------------------------------------------------------------------------------
@@ -169,7 +172,7 @@ class MySQLWarehouse(_Proxied):
     def select(self, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
         names = ", ".join(_bq(c) for c in columns)
         # No parameters: pymysql leaves a % in a name alone.
-        return self._rows(f"SELECT {names} FROM {_bq(table)} ORDER BY eventn_ctx_event_id")
+        return self._rows(f"SELECT {names} FROM {_bq(table)}")
 
 
 # --- clickhouse ---------------------------------------------------------------------------------
@@ -209,18 +212,25 @@ class ClickHouseWarehouse(_Proxied):
             config["stream"] = {"min_insert_interval_sec": 0}  # deliver each micro-batch at once
         return config
 
+    def _rows(self, sql: str) -> list[tuple[Any, ...]]:
+        """Rows of a SELECT over plain HTTP (ClickHouse's own interface), numbers as JSON numbers."""
+        query = urlencode({"output_format_json_quote_64bit_integers": 0})
+        request = Request(
+            f"http://127.0.0.1:{self.server.http_port}/?{query}", data=f"{sql} FORMAT JSONCompact".encode()
+        )
+        with urlopen(request, timeout=30) as response:
+            return [tuple(row) for row in orjson.loads(response.read())["data"]]
+
     def tables(self) -> set[str]:
-        rows = self.server.query(f"SELECT name FROM system.tables WHERE database = {_ch_literal(self.db)}")
-        return {r[0] for r in rows}
+        return {r[0] for r in self._rows(f"SELECT name FROM system.tables WHERE database = {_ch_literal(self.db)}")}
 
     def select(self, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
-        (engine,) = self.server.query(
+        ((engine,),) = self._rows(
             f"SELECT engine FROM system.tables WHERE database = {_ch_literal(self.db)} AND name = {_ch_literal(table)}"
         )
-        final = " FINAL" if "Replacing" in engine[0] else ""
+        final = " FINAL" if "Replacing" in engine else ""
         names = ", ".join(_ch_name(c) for c in columns)
-        sql = f"SELECT {names} FROM {_ch_name(self.db)}.{_ch_name(table)}{final} ORDER BY eventn_ctx_event_id"
-        return [tuple(r) for r in self.server.query(sql)]
+        return self._rows(f"SELECT {names} FROM {_ch_name(self.db)}.{_ch_name(table)}{final}")
 
     def absent(self, data_type: DataType) -> Any:
         return _CLICKHOUSE_DEFAULTS[data_type]
@@ -287,7 +297,7 @@ class DuckDBWarehouse(Warehouse):
 
     def select(self, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
         names = ", ".join(_dq(c) for c in columns)
-        return self._rows(f"SELECT {names} FROM {_dq(table)} ORDER BY eventn_ctx_event_id")
+        return self._rows(f"SELECT {names} FROM {_dq(table)}")
 
 
 WAREHOUSES: dict[str, Callable[[pytest.FixtureRequest], Warehouse]] = {

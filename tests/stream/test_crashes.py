@@ -1,5 +1,6 @@
 """Nothing acknowledged is lost: kill -9 of a process with a non-empty queue, and Postgres stopped
-for 30 s under load (`test_postgres_outage_*`, marked slow: it takes about 40 s)."""
+for 30 s under load (`test_postgres_outage_*`, marked slow: it takes about 40 s). The outage is
+of a private server (`private_postgres`): the machine's server on 5432 is shared and stays up."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +21,17 @@ from eventspark.coordination import MemoryCoordination
 from eventspark.stream.manager import StreamWorkers
 from eventspark.stream.queue import QueueReader, QueueWriter, queue_dir
 from tests.conftest import pg_conninfo
+from tests.private_postgres import PostgresServer
 from tests.stream.helpers import FAST, KEY, Harness, event, line, make_config, postgres_stream
 
-PG_CTL = ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main"]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def counts(schema: str) -> tuple[int, int]:
-    """(rows, distinct event ids) in the events table; (0, 0) before it exists."""
+def counts(schema: str, conninfo: str | None = None) -> tuple[int, int]:
+    """(rows, distinct event ids) in the events table (of the shared server unless `conninfo`
+    says otherwise); (0, 0) before it exists."""
     try:
-        with psycopg.connect(pg_conninfo(), connect_timeout=2) as conn:
+        with psycopg.connect(conninfo or pg_conninfo(), connect_timeout=2) as conn:
             row = conn.execute(f'SELECT count(*), count(DISTINCT {KEY}) FROM "{schema}".events').fetchone()
     except psycopg.errors.UndefinedTable:
         return 0, 0
@@ -41,12 +44,12 @@ def ids_in(schema: str) -> set[str]:
         return {r[0] for r in conn.execute(f'SELECT {KEY} FROM "{schema}".events').fetchall()}
 
 
-def wait_for_rows(schema: str, expected: int, timeout: float) -> tuple[int, int]:
+def wait_for_rows(schema: str, expected: int, timeout: float, conninfo: str | None = None) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
-    found = counts(schema)
+    found = counts(schema, conninfo)
     while found[0] < expected and time.monotonic() < deadline:
         time.sleep(0.1)
-        found = counts(schema)
+        found = counts(schema, conninfo)
     return found
 
 
@@ -94,18 +97,6 @@ def test_kill_9_with_a_non_empty_queue_loses_nothing(
     assert restarted.failed() == []
 
 
-def _pg(action: str) -> None:
-    subprocess.run([*PG_CTL, action, *(["-m", "fast"] if action == "stop" else [])], check=True, timeout=60)
-
-
-def _pg_is_up() -> bool:
-    try:
-        psycopg.connect(pg_conninfo(), connect_timeout=2).close()
-    except psycopg.OperationalError:
-        return False
-    return True
-
-
 class _Producer(threading.Thread):
     """Appends events at about `rate` per second; `acknowledged` counts appends that returned."""
 
@@ -123,30 +114,36 @@ class _Producer(threading.Thread):
 
 @pytest.mark.slow
 def test_postgres_outage_under_load_delivers_every_event_exactly_once(
-    tmp_path: Path, pg_datasource: dict[str, Any], pg_schema: str
+    tmp_path: Path, private_postgres: PostgresServer
 ) -> None:
-    loaded = make_config(tmp_path, {"pg": postgres_stream(pg_datasource)})
+    schema, conninfo = f"t_{uuid.uuid4().hex[:12]}", private_postgres.conninfo()
+    loaded = make_config(tmp_path, {"pg": postgres_stream(private_postgres.datasource(schema))})
     workers = StreamWorkers(loaded, MemoryCoordination("test"), FAST)
     writer = QueueWriter(queue_dir(tmp_path / "events", "pg"))
     producer = _Producer(writer, rate=200)
     workers.start()
     producer.start()
     try:
-        assert wait_for_rows(pg_schema, 100, 10)[0] >= 100
-        _pg("stop")
-        during = producer.acknowledged
-        time.sleep(30)
-        assert producer.acknowledged > during + 3000  # the collector side kept acknowledging
-    finally:
-        if not _pg_is_up():
-            _pg("start")  # other tests need the server, whatever happened here
-    time.sleep(2)
-    producer.halt.set()
-    producer.join()
-    try:
-        rows, distinct = wait_for_rows(pg_schema, producer.acknowledged, 60)
+        assert wait_for_rows(schema, 100, 10, conninfo)[0] >= 100
+        private_postgres.stop("fast")
+        try:
+            during = producer.acknowledged
+            time.sleep(30)
+            assert producer.acknowledged > during + 3000  # the collector side kept acknowledging
+        finally:
+            if not private_postgres.is_up():
+                private_postgres.start()  # the next test using the server needs it, whatever happened here
+        time.sleep(2)
+        producer.halt.set()
+        producer.join()
+        rows, distinct = wait_for_rows(schema, producer.acknowledged, 60, conninfo)
         assert rows == distinct == producer.acknowledged
         assert workers.workers["pg"].failed == 0
     finally:
+        producer.halt.set()
+        producer.join()
         workers.stop()
         writer.close()
+        if private_postgres.is_up():
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

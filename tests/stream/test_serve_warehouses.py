@@ -48,18 +48,36 @@ def failed_events(server: Server) -> list[bytes]:
     return path.read_bytes().splitlines() if path.exists() else []
 
 
-def assert_every_acknowledged_event_once(table: ClickHouseTable | MySQLTable, load: Load, server: Server) -> None:
-    """Waits for the acknowledged events, then: each is in the table once, nothing else is, none failed."""
-    acknowledged = load.acknowledged
-    rows, distinct = wait_for_counts(table.counts, len(acknowledged), 60)
-    stored = table.ids_and_numbers()
-    missing = {event_id(n) for n in acknowledged} - stored.keys()
+def assert_every_acknowledged_event_once(table: ClickHouseTable | MySQLTable, load: Load, *servers: Server) -> None:
+    """Waits for the acknowledged events, then: each is in the table once, nothing else is, none
+    failed, the worker acknowledged its whole queue, and no process logged a traceback."""
+    wanted = {event_id(n) for n in load.acknowledged}
+    stored = wait_for_ids(table, wanted, 60)
+    missing = wanted - stored.keys()
     assert not missing, f"{len(missing)} acknowledged events are not in the table, e.g. {sorted(missing)[:5]}"
-    assert rows == distinct, f"{rows - distinct} duplicate rows"
+    rows, distinct = table.counts()
+    assert rows == distinct == len(stored), f"{rows - distinct} duplicate rows"
     assert stored.keys() <= load.sent_ids(), "the table holds events nobody sent"
     assert all(key == event_id(n) for key, n in stored.items()), "an event's fields were mixed up"
-    assert failed_events(server) == []
-    assert "Traceback" not in server.text(), server.text()[-3000:]
+    last = servers[-1]
+    assert failed_events(last) == []
+    queue = queue_dir(last.events_dir, DEST)
+    deadline = time.monotonic() + 30
+    while queued_bytes(queue) > 0:
+        assert time.monotonic() < deadline, "every event is in the table, yet the worker does not acknowledge them"
+        time.sleep(0.1)
+    for server in servers:
+        assert "Traceback" not in server.text(), server.text()[-3000:]
+
+
+def wait_for_ids(table: ClickHouseTable | MySQLTable, wanted: set[str], timeout: float) -> dict[str, int]:
+    """Polls the table until it holds every id of `wanted` or `timeout` passes; its last content."""
+    deadline = time.monotonic() + timeout
+    stored = table.ids_and_numbers()
+    while not wanted <= stored.keys() and time.monotonic() < deadline:
+        time.sleep(0.2)
+        stored = table.ids_and_numbers()
+    return stored
 
 
 def post_numbered(url: str, numbers: range) -> None:
@@ -86,8 +104,7 @@ def test_clickhouse_stream_events_arrive(
     table = ClickHouseTable(clickhouse_server, clickhouse_db)
     assert wait_for_counts(table.counts, 50, 60) == (50, 50)
     assert table.ids_and_numbers() == {event_id(n): n for n in range(50)}
-    paths = clickhouse_server.query(f"SELECT page_path FROM `{clickhouse_db}`.events WHERE n = 7")
-    assert paths == [["/p7"]]
+    assert table.values_of("page_path", 7) == ["/p7"]
     assert failed_events(server) == []
     assert server.stop() == 0
 
@@ -98,7 +115,7 @@ def test_mysql_stream_events_arrive(run_server: Any, mysql_db: str) -> None:
     table = MySQLTable(MYSQL_PORT, mysql_db)
     assert wait_for_counts(table.counts, 50, 60) == (50, 50)
     assert table.ids_and_numbers() == {event_id(n): n for n in range(50)}
-    assert table._select("SELECT page_path FROM events WHERE n = 7") == [("/p7",)]
+    assert table.values_of("page_path", 7) == ["/p7"]
     assert failed_events(server) == []
     assert server.stop() == 0
 
@@ -181,7 +198,7 @@ def _serve_killed_under_load(run_server: Any, config: dict[str, Any], table: Cli
         load.stop()
     assert pending > 0, "the queue was empty at the kill: the test proves nothing"
     assert load.refused == []
-    assert_every_acknowledged_event_once(table, load, restarted)
+    assert_every_acknowledged_event_once(table, load, server, restarted)
     assert restarted.stop() == 0
 
 

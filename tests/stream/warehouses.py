@@ -94,15 +94,15 @@ class ClickHouseTable:
         rows = self._select(f"SELECT count(), uniqExact({KEY}) FROM `{self.db}`.`{TABLE}` FINAL")
         return (0, 0) if rows is None else (int(rows[0][0]), int(rows[0][1]))
 
-    def raw_rows(self) -> int:
-        """Rows before collapsing: more than `counts()[0]` when an insert was repeated."""
-        rows = self._select(f"SELECT count() FROM `{self.db}`.`{TABLE}`")
-        return 0 if rows is None else int(rows[0][0])
-
     def ids_and_numbers(self) -> dict[str, int]:
+        """Event id -> n of every row (FINAL); empty before the table exists."""
         rows = self._select(f"SELECT {KEY}, n FROM `{self.db}`.`{TABLE}` FINAL")
-        assert rows is not None, "the table is missing"
-        return {key: int(n) for key, n in rows}
+        return {key: int(n) for key, n in rows or ()}
+
+    def values_of(self, column: str, n: int) -> list[str]:
+        """The `column` of each row of event n, as text."""
+        rows = self._select(f"SELECT toString(`{column}`) FROM `{self.db}`.`{TABLE}` WHERE n = {n}")
+        return [row[0] for row in rows or ()]
 
 
 @dataclass
@@ -135,9 +135,14 @@ class MySQLTable:
         return (0, 0) if rows is None else (int(rows[0][0]), int(rows[0][1]))
 
     def ids_and_numbers(self) -> dict[str, int]:
+        """Event id -> n of every row; empty before the table exists."""
         rows = self._select(f"SELECT {KEY}, n FROM `{TABLE}`")
-        assert rows is not None, "the table is missing"
-        return {key: int(n) for key, n in rows}
+        return {key: int(n) for key, n in rows or ()}
+
+    def values_of(self, column: str, n: int) -> list[str]:
+        """The `column` of each row of event n, as text."""
+        rows = self._select(f"SELECT CAST(`{column}` AS CHAR) FROM `{TABLE}` WHERE n = {n}")
+        return [row[0] for row in rows or ()]
 
 
 def wait_for_counts(counts: Callable[[], tuple[int, int]], expected: int, timeout: float) -> tuple[int, int]:

@@ -169,15 +169,17 @@ def apply_defaults(loaded: LoadedConfig, embedded: bool) -> None:
 def check_steps(config: Config) -> None:
     """Compiles every template and mapping now so that a bad one is a config error, not a runtime one."""
     from eventspark.steps.mapping import Mapper, MappingError
-    from eventspark.steps.template import TemplateSyntaxError, compile_template
+    from eventspark.steps.template import TemplateSyntaxError, compile_template, is_reserved_table
 
     for dest_id, dest in config.destinations.items():
         layout = dest.data_layout
         where = f"destinations.{dest_id}.data_layout"
         try:
-            compile_template(layout.table_name_template)
+            template = compile_template(layout.table_name_template)
         except TemplateSyntaxError as exc:
             raise ConfigError(f"{where}.table_name_template: {exc}") from None
+        if template.constant_name and is_reserved_table(template.constant_name):
+            raise ConfigError(f"{where}.table_name_template: {template.constant_name!r} is eventspark's own table")
         if layout.mappings is not None:
             try:
                 Mapper.build(layout.mappings.keep_unmapped, layout.mappings.rules())

@@ -28,11 +28,11 @@ from typing import Any, Literal, Protocol
 
 from eventspark.destinations.dialect import Dialect
 from eventspark.steps.diff import Table, TablePatch
+from eventspark.steps.template import LOADS_TABLE, STAGE_PREFIX
+
+__all__ = ["LOADS_TABLE", "ORDER_COLUMN", "STAGE_PREFIX"]  # plus the classes below
 from eventspark.steps.typing import DataType
 
-LOADS_TABLE = "_eventspark_loads"
-"""Per destination schema: one row per (destination, source file, table) committed."""
-STAGE_PREFIX = "_es_stage_"
 ORDER_COLUMN = "_es_seq"
 """Stage column giving the order of rows, so that the last event of a key wins an upsert."""
 

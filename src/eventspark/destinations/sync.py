@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eventspark.coordination import Coordination
-from eventspark.destinations.base import DestinationAdapter, DestinationError
+from eventspark.destinations.base import DestinationAdapter, TerminalError
 from eventspark.steps.diff import Table, TablePatch, check_column_limit, diff
 
 LOCK_TIMEOUT = 120.0
@@ -51,5 +51,5 @@ def sync_table(
     version = coordination.bump_table_version(lock)
     after = adapter.read_table(wanted.name)
     if after is None:
-        raise DestinationError(f"table {wanted.name!r} is missing right after it was patched")
+        raise TerminalError(f"table {wanted.name!r} is missing right after it was patched")
     return SyncedTable(after, version, patch)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from eventspark.steps.flatten import flatten
 from eventspark.steps.lookup import GeoResolver, LookupEnricher, UserAgentParser
 from eventspark.steps.mapping import Mapper
-from eventspark.steps.template import TableNameTemplate, TemplateEvalError, compile_template
+from eventspark.steps.template import TableNameTemplate, TemplateEvalError, compile_template, is_reserved_table
 from eventspark.steps.typing import BatchHeader
 
 
@@ -77,6 +77,8 @@ class DestinationChain:
             return Failure(f"table_name_template: {exc}")
         if not table:
             return SKIP
+        if table[0] == "_" and is_reserved_table(table):
+            return Failure(f"table_name_template: table name {table!r} is reserved for eventspark's own tables")
         self.lookup.apply(event)
         mapped, casts = self.mapper.apply(event, in_place=True)  # the chain owns the event
         return Row(table, flatten(mapped), casts)

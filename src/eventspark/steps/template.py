@@ -44,6 +44,7 @@ __all__ = [
     "TemplateSyntaxError",
     "clean_table_name",
     "compile_template",
+    "is_reserved_table",
 ]
 
 MAX_SOURCE_CHARS = 4096
@@ -76,6 +77,17 @@ def _clean_char(ch: str) -> str:
         return "_"
     # control, format (bidi overrides, zero-width), surrogate, private and unassigned: drop
     return "" if unicodedata.category(ch)[0] == "C" else "_"
+
+
+LOADS_TABLE = "_eventspark_loads"
+"""eventspark's own table in each destination schema: one row per (destination, log, table) loaded."""
+STAGE_PREFIX = "_es_stage_"
+"""Names of eventspark's staging tables begin with this."""
+
+
+def is_reserved_table(name: str) -> bool:
+    """True for the names of eventspark's own tables, which events cannot write into."""
+    return name == LOADS_TABLE or name.startswith(STAGE_PREFIX)
 
 
 def clean_table_name(raw: str) -> str:

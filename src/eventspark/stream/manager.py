@@ -82,7 +82,8 @@ class StreamWorkers:
 
     def settings_for(self, dest: Destination) -> StreamSettings:
         """The node's settings with the destination's minimum insert interval and rows: from its
-        `stream:` block, else its type's capabilities (ClickHouse: 1 s, 10,000 rows; others: none)."""
+        `stream:` block, else its type's capabilities (ClickHouse: 1 s, 10,000 rows; others: none).
+        They are per destination: the node's own values of those two fields are not used."""
         capabilities = destination_type(dest.type).capabilities
         own = dest.stream
         interval = own.min_insert_interval_sec

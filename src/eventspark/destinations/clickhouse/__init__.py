@@ -8,5 +8,5 @@ DESTINATION = DestinationType(
     name="clickhouse",
     config=ClickHouseDestination,
     capabilities=CAPABILITIES,
-    factory="eventspark.destinations.clickhouse.adapter:build",
+    factory="eventspark.destinations.clickhouse.load:build",
 )

@@ -19,27 +19,18 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from eventspark.destinations.clickhouse.dialect import DIALECT
+from eventspark.destinations.clickhouse.dialect import DIALECT, base_type
+
+__all__ = ["base_type"]
 
 DEFAULT_VERSION = "_timestamp"
 DEFAULT_ORDER = "eventn_ctx_event_id"
 DEFAULT_PARTITION = ("toYYYYMM", "_timestamp")
 DIST_PREFIX = "dist_"
 _FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_NULLABLE = re.compile(r"^\s*Nullable\s*\((.*)\)\s*$", re.DOTALL)
 
 quote = DIALECT.quote
-
-
-def literal(text: str) -> str:
-    """`text` as a ClickHouse string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def base_type(sql_type: str) -> tuple[str, bool]:
-    """(the type inside `Nullable(...)`, whether it was nullable)."""
-    match = _NULLABLE.match(sql_type)
-    return (match.group(1).strip(), True) if match else (sql_type.strip(), False)
+literal = DIALECT.literal
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,27 +1,318 @@
-"""The SQL of a ClickHouse commit: staged chunks → a prepared table of the target's exact types.
+"""ClickHouse: what differs from the shared SQL load (`sql.warehouse.SqlWarehouse`), over the HTTP
+interface (18.16 to current releases).
 
-Staging columns are Nullable stage types (timestamps as RFC 3339 text). Every value is cast to
-the target column's type here; for a non-nullable column a NULL becomes the type's default
-(`assumeNotNull(CAST(NULL AS Nullable(T)))`: 0, '', the zero date). Text going to a non-text
-column is cast *after* replacing NULL, because ClickHouse 18 casts unparsable text to NULL when
-the cast goes to a Nullable type but raises when it does not: a bad value must fail the load.
+Batch: each executor chunk becomes its own staging table (`Memory` for a pass of up to 512 MiB of
+logs, else `Log`), written with one `INSERT ... FORMAT JSONEachRow` of rows the executor encoded
+one by one (50,000 rows by default). The commit (no transaction: `Capabilities.transactions` is
+false) counts the stage (every staged row must be there), casts the chunks to the target's exact
+types and copies them with `INSERT ... SELECT` (a few at once for a large pair; through a
+*prepared* table first when a cast can be refused, so that a bad value fails before the target
+is touched); then counts the stage again, and the shared code writes one marker row per file.
 
-ClickHouse has no transaction to undo half an INSERT ... SELECT, so when a cast can be refused the
-casts go into a prepared table first and only a fully cast copy reaches the target. When every
-staged column meets a target type that takes any of its values (`casts_cannot_fail`), the cast
-rows go straight into the target: one copy of the data fewer.
+Without transactions the guarantee is this: a failed cast leaves the target unchanged; a crash, a
+lost connection, one of the concurrent copies failing, or a stage found short after the copy (a
+restart during it), all after the copy started and before the marker was written, make the rerun
+insert the pair's events again, and those copies carry the same ORDER BY key
+(`eventn_ctx_event_id` by default), which ReplacingMergeTree collapses into one row when parts
+merge (`Capabilities.upsert == "replacing_engine"`). Queries see every event exactly once with
+`FINAL` or after `OPTIMIZE TABLE ... FINAL`. A table whose engine keeps duplicates (a custom
+`raw_statement`, or no event id column) gets at-least-once in that window. Stream mode appends
+rows the same way, in groups naming only their non-NULL columns (TSV, `best_effort` timestamps).
 
-ClickHouse writes the rows of one INSERT (sorting them, compressing each column) on one thread, so
-a large copy is cut into a few INSERTs of whole chunks (`copy_groups`) that run at once.
+Casts: staging columns are Nullable stage types (timestamps as RFC 3339 text). For a
+non-nullable column a NULL becomes the type's default (`assumeNotNull(CAST(NULL AS Nullable(T)))`:
+0, '', the zero date). Text going to a non-text column is cast *after* replacing NULL, because
+ClickHouse 18 casts unparsable text to NULL when the cast goes to a Nullable type but raises when
+it does not: a bad value must fail the load. When every staged column meets a target type that
+takes any of its values (`casts_cannot_fail`), the cast rows go straight into the target. A large
+copy is cut into a few INSERTs of whole chunks (`copy_groups`) that run at once, since ClickHouse
+writes the rows of one INSERT on one thread.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
-from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, data_type_of_sql
-from eventspark.destinations.clickhouse.ddl import base_type, quote
+from eventspark.destinations.base import (
+    LOADS_TABLE,
+    ORDER_COLUMN,
+    STAGE_PREFIX,
+    DestinationError,
+    Load,
+    StagedChunk,
+    TerminalError,
+    TransientError,
+)
+from eventspark.destinations.clickhouse.capabilities import CAPABILITIES
+from eventspark.destinations.clickhouse.client import ClickHouseStageTarget, Client, error_code, parse_dsn
+from eventspark.destinations.clickhouse.configuration import ClickHouseConfig, ClickHouseDestination
+from eventspark.destinations.clickhouse.ddl import (
+    DIST_PREFIX,
+    KeyField,
+    Layout,
+    add_column_statements,
+    create_statements,
+    literal,
+    quote,
+)
+from eventspark.destinations.clickhouse.dialect import DIALECT, base_type, data_type_of
+from eventspark.destinations.sql.statements import load_columns
+from eventspark.destinations.sql.warehouse import SqlClient, SqlWarehouse
+from eventspark.destinations.tsv import escape
+from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
+
+log = logging.getLogger(__name__)
+
+DUPLICATE_COLUMN = 44
+MEMORY_STAGE_MAX_BYTES = 512 * 1024 * 1024
+"""Passes over at most this many bytes of logs stage in Memory tables, larger ones in Log tables."""
+MEMORY_STAGE_MAX_AGE = 3600.0
+"""Seconds after which a Memory staging table is a killed pass's leftover (passes this small last
+minutes); `drop_stale_stages` drops it."""
+STREAM_SETTINGS = {"date_time_input_format": "best_effort"}
+"""Stream rows carry RFC 3339 timestamps: parsed with their offsets, whatever the server's zone."""
+
+
+def build(dest_id: str, dest: ClickHouseDestination, events_dir: Path) -> ClickHouseWarehouse:
+    return ClickHouseWarehouse(dest_id, dest)
+
+
+def stage_engine(pass_bytes: int) -> str:
+    """The staging tables' engine for a pass reading `pass_bytes` of logs (0: not known).
+
+    Memory tables cost the server no compression and no disk writes, and are read back faster; the
+    server holds them in RAM until the commit drops them, hence the bound. A restart empties them,
+    which the commit notices (`ClickHouseWarehouse._check_stage`).
+    """
+    return "Memory" if 0 < pass_bytes <= MEMORY_STAGE_MAX_BYTES else "Log"
+
+
+def layout_of(config: ClickHouseConfig) -> Layout:
+    """The destination's `clickhouse` block as a Layout; TerminalError for a bad key function."""
+    engine = config.engine
+    layout = Layout(
+        db=config.db,
+        cluster=config.cluster or None,
+        raw_statement=engine.raw_statement,
+        nullable_fields=frozenset(engine.nullable_fields),
+        partition_fields=tuple(KeyField(f.field, f.function) for f in engine.partition_fields),
+        order_fields=tuple(KeyField(f.field, f.function) for f in engine.order_fields),
+        primary_keys=tuple(engine.primary_keys),
+    )
+    try:
+        for key in (*layout.partition_fields, *layout.order_fields):
+            key.sql()
+    except ValueError as exc:
+        raise TerminalError(str(exc)) from exc
+    return layout
+
+
+class ClickHouseWarehouse(SqlWarehouse):
+    """A ClickHouse database (created when missing), reached through the first DSN that answers."""
+
+    dialect = DIALECT
+    capabilities = CAPABILITIES
+    MARKER_TABLE = ""  # built by `_prepare_statements`: the engine depends on the cluster
+
+    def __init__(self, dest_id: str, dest: ClickHouseDestination) -> None:
+        config = dest.clickhouse
+        super().__init__(dest_id, config.db)
+        self.endpoints = [parse_dsn(dsn, config.tls) for dsn in config.dsns]
+        self.layout = layout_of(config)
+
+    def _connect(self) -> Client:
+        error: DestinationError = TransientError("clickhouse: no DSN configured")
+        for endpoint in self.endpoints:
+            client = Client(endpoint)
+            try:
+                client.execute("SELECT 1", "connecting")
+            except TransientError as exc:
+                client.close()
+                error = exc
+                continue
+            return client
+        raise error
+
+    def _prepare_statements(self) -> list[str]:
+        layout, loads = self.layout, self.name(LOADS_TABLE)
+        engine = "ReplacingMergeTree()"
+        if layout.cluster:
+            path = f"/clickhouse/tables/{{shard}}/{layout.db}/{LOADS_TABLE}"
+            engine = f"ReplicatedReplacingMergeTree({literal(path)}, '{{replica}}')"
+        return [
+            f"CREATE DATABASE IF NOT EXISTS {quote(layout.db)}{layout.on_cluster()}",
+            f"CREATE TABLE IF NOT EXISTS {loads}{layout.on_cluster()} (dest_id String, file String, "
+            f"table_name String, loaded_at DateTime DEFAULT now()) ENGINE = {engine} "
+            "ORDER BY (dest_id, file, table_name)",
+        ]
+
+    # --- tables -------------------------------------------------------------------------------
+
+    def _catalog(self, client: SqlClient, name: str | None) -> tuple[list[Any], list[tuple[str, Sequence[str]]]]:
+        where = f"database = {literal(self.layout.db)}"
+        columns = client.rows(
+            f"SELECT table, name, type FROM system.columns WHERE {where}"
+            + (f" AND table = {literal(name)}" if name is not None else ""),
+            "reading tables",
+        )
+        keys = client.rows(
+            f"SELECT name, sorting_key FROM system.tables WHERE {where}"
+            + (f" AND name = {literal(name)}" if name is not None else ""),
+            "reading tables",
+        )
+        return columns, [(table, key_columns(sorting_key)) for table, sorting_key in keys]
+
+    def _is_user_table(self, name: str) -> bool:
+        """False for eventspark's stage and marker tables and, with a cluster, Distributed tables."""
+        return super()._is_user_table(name) and not (self.layout.cluster and name.startswith(DIST_PREFIX))
+
+    def _create_statements(self, patch: TablePatch) -> list[str]:
+        return create_statements(self.layout, patch.table, patch.add_columns, patch.primary_keys or ())
+
+    def _add_column(self, client: SqlClient, table: str, column: str, sql_type: str, doing: str) -> None:
+        for statement in add_column_statements(self.layout, table, {column: sql_type}):
+            try:
+                client.execute(statement, doing)
+            except TerminalError as exc:
+                # Another node added it first (18.x has no ADD COLUMN IF NOT EXISTS).
+                if error_code(exc) != DUPLICATE_COLUMN and "already exists" not in str(exc):
+                    raise
+
+    def _key_statements(self, client: SqlClient, table: str, keys: tuple[str, ...]) -> list[str]:
+        current = self.read_table(table)
+        have = current.primary_keys if current is not None else ()
+        raise TerminalError(
+            f"clickhouse: patching table {table!r}: the ORDER BY key of an existing table cannot change "
+            f"(it is {list(have)}, primary_key_fields ask for {list(keys)})"
+        )
+
+    # --- batch --------------------------------------------------------------------------------
+
+    def stage_target(self, job_id: str, pass_bytes: int = 0) -> ClickHouseStageTarget:
+        endpoint = self._connection().endpoint  # type: ignore[attr-defined]
+        return ClickHouseStageTarget(endpoint, self.layout.db, job_id, stage_engine(pass_bytes))
+
+    def _copy(self, client: SqlClient, load: Load, doing: str) -> None:
+        assert isinstance(client, Client)
+        if not load.chunks:
+            return
+        self._check_stage(client, load, doing)
+        columns = load_columns(load)
+        names = ", ".join(quote(c) for c in columns)
+        target = self.layout.insert_target(load.table.name)
+        source = {chunk.ref: self.name(chunk.ref) for chunk in load.chunks}
+        if casts_cannot_fail(load, columns):
+            inserts = [
+                f"INSERT INTO {target} ({names}) {prepare_select(group, columns, source)}"
+                for group in copy_groups(load)
+            ]
+            self._run_at_once(client, inserts, doing)
+        else:
+            prepared = self.name(f"{load.chunks[0].ref}_load")
+            self._prepare_rows(client, load, columns, prepared, doing)
+            try:
+                client.execute(f"INSERT INTO {target} ({names}) SELECT {names} FROM {prepared}", doing)
+            finally:
+                self._drop_quietly(client, prepared)
+        self._check_stage(client, load, doing)
+
+    def _check_stage(self, client: Client, load: Load, doing: str) -> None:
+        """TransientError unless the stage still holds every row the executors staged. Checked
+        before the copy (nothing copied yet) and after it: a Memory table emptied by a restart
+        stays empty, so full counts after the copy mean it read every row. A restart during the
+        copy fails the pair after some rows went in; the rerun inserts them again (see the
+        module docstring on duplicates)."""
+        counts = " UNION ALL ".join(
+            f"SELECT {literal(chunk.ref)}, count() FROM {self.name(chunk.ref)}" for chunk in load.chunks
+        )
+        found = {ref: int(count) for ref, count in client.rows(counts, doing)}
+        for chunk in load.chunks:
+            if found.get(chunk.ref) != chunk.rows:
+                raise TransientError(
+                    f"clickhouse: {doing}: staging table {chunk.ref} holds {found.get(chunk.ref)} of its "
+                    f"{chunk.rows} rows (was the server restarted?); the logs are kept for the next pass"
+                )
+
+    @staticmethod
+    def _run_at_once(client: Client, statements: list[str], doing: str) -> None:
+        """Runs the statements concurrently, the first on `client`, the others on connections of
+        their own; raises the first error once all have ended."""
+        if len(statements) == 1:
+            client.execute(statements[0], doing)
+            return
+        extra = [Client(client.endpoint) for _ in statements[1:]]
+        try:
+            with ThreadPoolExecutor(len(statements)) as pool:
+                runs = [pool.submit(c.execute, sql, doing) for c, sql in zip([client, *extra], statements, strict=True)]
+                errors = [run.exception() for run in runs]
+        finally:
+            for other in extra:
+                other.close()
+        first = next((error for error in errors if error is not None), None)
+        if first is not None:
+            raise first
+
+    def _prepare_rows(self, client: Client, load: Load, columns: list[str], prepared: str, doing: str) -> None:
+        """Casts every chunk into `prepared` (the target's column types); drops it on failure."""
+        defs = ", ".join(f"{quote(c)} {load.table.columns[c]}" for c in columns)
+        source = {chunk.ref: self.name(chunk.ref) for chunk in load.chunks}
+        names = ", ".join(quote(c) for c in columns)
+        client.execute(f"DROP TABLE IF EXISTS {prepared}", doing)
+        client.execute(f"CREATE TABLE {prepared} ({defs}) ENGINE = Log", doing)
+        try:
+            client.execute(f"INSERT INTO {prepared} ({names}) {prepare_select(load, columns, source)}", doing)
+        except DestinationError:
+            self._drop_quietly(client, prepared)
+            raise
+
+    @staticmethod
+    def _drop_quietly(client: Client, table: str) -> None:
+        # A leftover is named like a stage of its job: `drop_stages` and stale clean-up retry.
+        try:
+            client.execute(f"DROP TABLE IF EXISTS {table}", "dropping")
+        except DestinationError as exc:
+            log.warning("clickhouse: could not drop staging table %s: %s", table, exc)
+
+    def _stage_tables(self, client: SqlClient) -> list[tuple[str, str]]:
+        return client.rows(
+            f"SELECT name, engine FROM system.tables WHERE database = {literal(self.layout.db)} "
+            f"AND substring(name, 1, {len(STAGE_PREFIX)}) = {literal(STAGE_PREFIX)}",
+            "listing staging tables",
+        )
+
+    def _stale_before(self, engine: str, before: float) -> float:
+        # A killed pass's Memory tables hold server RAM: they go after an hour, not a day.
+        return max(before, time.time() - MEMORY_STAGE_MAX_AGE) if engine == "Memory" else before
+
+    # --- stream -------------------------------------------------------------------------------
+
+    def _insert_rows(
+        self, client: SqlClient, table: Table, columns: Sequence[str], rows: Sequence[Mapping[str, Any]], doing: str
+    ) -> None:
+        """One `INSERT ... FORMAT TabSeparated` of rows that all have exactly `columns` non-NULL."""
+        lines = ["\t".join(field_text(row[c]) for c in columns) for row in rows]
+        body = ("\n".join(lines) + "\n").encode()
+        names = ", ".join(quote(c) for c in columns)
+        insert = f"INSERT INTO {self.layout.insert_target(table.name)} ({names}) FORMAT TabSeparated"
+        client.execute(insert, doing, body, STREAM_SETTINGS)  # type: ignore[call-arg]
+
+
+def field_text(value: Any) -> str:
+    """One value, already in its column's type (timestamps as RFC 3339), as TSV text."""
+    if value is True or value is False:
+        return "1" if value else "0"
+    return escape(value) if isinstance(value, str) else str(value)
+
+
+# --- the SQL of a commit ----------------------------------------------------------------------------
+
 
 MAX_COPY_STREAMS = 4
 MIN_COPY_ROWS = 100_000
@@ -116,25 +407,34 @@ def _branch(load: Load, chunk: StagedChunk, columns: list[str], source: str, kee
     return f"SELECT {', '.join(exprs)} FROM {source}"
 
 
-_FAMILIES: dict[str, DataType] = {
-    **dict.fromkeys(["uint8", "bool", "boolean"], DataType.BOOL),
-    **dict.fromkeys(["int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"], DataType.INT64),
-    **dict.fromkeys(["float32", "float64", "decimal", "decimal32", "decimal64", "decimal128"], DataType.FLOAT64),
-    **dict.fromkeys(["string", "fixedstring"], DataType.STRING),
-    **dict.fromkeys(["datetime", "datetime64"], DataType.TIMESTAMP),
-}
+def key_columns(sorting_key: str) -> tuple[str, ...]:
+    """The plain columns of a `system.tables.sorting_key` text (`a, b`, with backquoted names)."""
+    found: list[str] = []
+    for part in _split_top_level(sorting_key):
+        if part.startswith("`") and part.endswith("`") and len(part) >= 2:
+            found.append(part[1:-1].replace("\\`", "`").replace("\\\\", "\\"))
+        elif part and all(ch.isalnum() or ch == "_" for ch in part):
+            found.append(part)
+    return tuple(found)
 
 
-def data_type_of(sql_type: str) -> DataType | None:
-    """The DataType of a ClickHouse column type, looking through Nullable and LowCardinality."""
-    inner = sql_type.strip()
-    while True:
-        stripped, _nullable = base_type(inner)
-        if stripped.startswith("LowCardinality(") and stripped.endswith(")"):
-            stripped = stripped[len("LowCardinality(") : -1].strip()
-        if stripped == inner:
-            break
-        inner = stripped
-    family = inner.split("(", 1)[0].strip().lower()
-    found = _FAMILIES.get(family)
-    return found if found is not None else data_type_of_sql(inner)
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, quoted, current = [], 0, False, []
+    escaped = False
+    for ch in text:
+        if quoted:
+            quoted = escaped or ch != "`"
+            escaped = not escaped and ch == "\\"
+        elif ch == "`":
+            quoted = True
+        elif ch in "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(ch)
+    parts.append("".join(current).strip())
+    return [p for p in parts if p]

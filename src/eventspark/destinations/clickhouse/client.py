@@ -1,4 +1,5 @@
-"""A small client for ClickHouse's HTTP interface, the protocol of EventNative's DSNs.
+"""ClickHouse client: a small client of the HTTP interface (the protocol of EventNative's DSNs),
+and the bulk copy executors stage chunks with (`INSERT ... FORMAT JSONEachRow`).
 
 `http[s]://user:password@host:port/db?setting=value`: query parameters are sent as ClickHouse
 settings with every statement, except the client options `timeout` (seconds, or Go durations
@@ -17,14 +18,19 @@ import http.client
 import re
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import orjson
 
-from eventspark.destinations.base import TerminalError, TransientError
+from eventspark.destinations.base import StagedChunk, TerminalError, TransientError
+from eventspark.destinations.clickhouse.dialect import STAGE_TYPES, quote
+from eventspark.destinations.sql.stages import new_stage_table
+from eventspark.destinations.tsv import STAGE_ENCODERS, encode_rows
+from eventspark.steps.typing import DataType
 
 DEFAULT_TIMEOUT = 300.0
 IDLE_RECONNECT = 2.0
@@ -120,8 +126,8 @@ class Client:
     def execute(
         self,
         sql: str,
-        data: bytes | bytearray | None = None,
         doing: str = "running a statement",
+        data: bytes | bytearray | None = None,
         settings: Mapping[str, str] | None = None,
     ) -> bytes:
         """Runs `sql`; with `data`, `sql` is an `INSERT ... FORMAT ...` and `data` its rows.
@@ -141,9 +147,13 @@ class Client:
 
     def rows(self, sql: str, doing: str = "reading") -> list[list[Any]]:
         """The rows of a SELECT, values as JSON gives them (numbers, strings, None)."""
-        text = self.execute(f"{sql} FORMAT JSONCompact", doing=doing, settings=_JSON_NUMBERS)
+        text = self.execute(f"{sql} FORMAT JSONCompact", doing, settings=_JSON_NUMBERS)
         data: list[list[Any]] = orjson.loads(text)["data"]
         return data
+
+    def transaction(self, doing: str) -> AbstractContextManager[None]:
+        """ClickHouse has no transactions (`Capabilities.transactions` is false): a no-op."""
+        return nullcontext()
 
     def _post(self, path: str, body: bytes | bytearray, doing: str) -> bytes:
         credentials = f"{self.endpoint.user}:{self.endpoint.password}".encode()
@@ -219,3 +229,55 @@ def error_code(exc: BaseException) -> int | None:
     """The ClickHouse error code in a translated error's message, if any."""
     match = _CODE.search(str(exc))
     return int(match.group(1)) if match else None
+
+
+# --- bulk copy, on executors ----------------------------------------------------------------------
+
+_SKIP_UNKNOWN = {"input_format_skip_unknown_fields": "1"}
+
+
+@dataclass(frozen=True, slots=True)
+class ClickHouseStageTarget:
+    """Picklable: the server (the one the driver uses) and database where a job stages."""
+
+    endpoint: Endpoint
+    db: str
+    job_id: str
+    engine: str = "Log"
+    """The staging tables' engine: Memory for a pass small enough (`load.stage_engine`), else Log."""
+
+    json_lines: ClassVar[bool] = True
+
+    def open(self) -> ClickHouseStageWriter:
+        return ClickHouseStageWriter(self)
+
+
+class ClickHouseStageWriter:
+    """One HTTP connection per executor task; each chunk becomes its own table."""
+
+    def __init__(self, target: ClickHouseStageTarget) -> None:
+        self._target = target
+        self._client = Client(target.endpoint)
+
+    def write(self, columns: Mapping[str, DataType], rows: Sequence[Sequence[Any]]) -> StagedChunk:
+        body = encode_rows(rows, [STAGE_ENCODERS[t] for t in columns.values()])
+        return self._stage(columns, len(rows), "TabSeparated", body)
+
+    def write_json(self, columns: Mapping[str, DataType], lines: bytes | bytearray, rows: int) -> StagedChunk:
+        return self._stage(columns, rows, "JSONEachRow", lines)
+
+    def _stage(
+        self, columns: Mapping[str, DataType], count: int, data_format: str, body: bytes | bytearray
+    ) -> StagedChunk:
+        ref = new_stage_table(self._target.job_id)
+        name = f"{quote(self._target.db)}.{quote(ref)}"
+        defs = ", ".join(f"{quote(c)} {STAGE_TYPES[t]}" for c, t in columns.items())
+        doing = f"staging {count} rows"
+        self._client.execute(f"CREATE TABLE {name} ({defs}) ENGINE = {self._target.engine}", doing)
+        insert = f"INSERT INTO {name} ({', '.join(quote(c) for c in columns)}) FORMAT {data_format}"
+        # JSON rows may name columns that are null in every row of the chunk: it has none of them.
+        self._client.execute(insert, doing, body, _SKIP_UNKNOWN)
+        return StagedChunk(ref, dict(columns), count)
+
+    def close(self) -> None:
+        self._client.close()
