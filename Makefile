@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh
 	touch $(STAMP)
 
 $(DEV_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]'  # dev pulls every driver extra (eventspark[all])
 	touch $(DEV_STAMP)
 
 install: $(STAMP)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from eventspark.config import ConfigError, LoadedConfig, load_config
 from eventspark.destinations.base import DestinationError
@@ -26,11 +28,32 @@ def _load(path: Path | None) -> LoadedConfig:
     try:
         loaded = load_config(path)
     except ConfigError as exc:
-        err.print(f"[bold red]config error[/]: {exc}", highlight=False, markup=True)
+        err.print(f"[bold red]config error[/]: {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=2) from None
     for warning in loaded.warnings:
-        err.print(f"[yellow]warning[/]: {warning}", highlight=False)
+        err.print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
+    _require_drivers(loaded)
     return loaded
+
+
+def _require_drivers(loaded: LoadedConfig) -> None:
+    """Exits 2 naming the pip extra when a configured destination's driver is not installed."""
+    from eventspark.destinations.registry import destination_type
+
+    problems = []
+    for dest_id, dest in loaded.config.destinations.items():
+        try:
+            destination_type(dest.type).require_driver()
+        except DestinationError as exc:
+            problems.append(f"destinations.{dest_id}: {exc}")
+    coordination = loaded.config.coordination
+    for backend, module in (("redis", "redis"), ("etcd", "etcd3gw")):
+        if coordination is not None and getattr(coordination, backend) is not None and not find_spec(module):
+            problems.append(f"coordination.{backend} needs the {module!r} package: pip install 'eventspark[{backend}]'")
+    for problem in problems:
+        err.print(f"[bold red]config error[/]: {escape(problem)}", highlight=False)
+    if problems:
+        raise typer.Exit(code=2)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -48,19 +71,11 @@ def check(config: ConfigOption = None) -> None:
     misspelt, or useless where they are), 0 otherwise."""
     loaded = _load(config)
     cfg = loaded.config
-    from eventspark.destinations.registry import destination_type
-
-    for dest_id, dest in cfg.destinations.items():
-        try:
-            destination_type(dest.type).require_driver()
-        except DestinationError as exc:
-            err.print(f"[bold red]destination {dest_id}[/]: {exc}", highlight=False)
-            raise typer.Exit(code=2) from None
     out.print(f"config OK: {len(cfg.api_keys)} token(s), {len(cfg.destinations)} destination(s)")
     for dest_id, dest in cfg.destinations.items():
         template = dest.data_layout.table_name_template
-        out.print(f"  {dest_id}: {dest.type}, {dest.mode} mode, table {template!r}", highlight=False)
-    out.print(f"  spark master: {cfg.spark.master}", highlight=False)
+        out.print(escape(f"  {dest_id}: {dest.type}, {dest.mode} mode, table {template!r}"), highlight=False)
+    out.print(escape(f"  spark master: {cfg.spark.master}"), highlight=False)
     if loaded.warnings:
         err.print(f"[yellow]{len(loaded.warnings)} key(s) in the config have no effect[/] (see the warnings above)")
         raise typer.Exit(code=1)

@@ -284,3 +284,23 @@ def test_a_type_without_the_mode_is_refused(monkeypatch: pytest.MonkeyPatch, tmp
         ConfigError, match=r"destinations\.d: .*type 'duckdb' does not support mode 'stream'; it supports: batch"
     ):
         load_config(write(tmp_path, "destinations: {d: {type: duckdb, mode: stream}}\n"), env={})
+
+
+def test_a_missing_driver_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    from eventspark.cli import app
+    from eventspark.destinations import build_destination, registry
+    from eventspark.destinations.base import TerminalError
+
+    absent = dataclasses.replace(registry.REGISTRY["postgres"], driver="eventspark_no_such_driver")
+    monkeypatch.setattr(registry, "REGISTRY", {**registry.REGISTRY, "postgres": absent})
+    path = write(tmp_path, "destinations: {pg: {type: postgres, datasource: {db: a}}}\n")
+    result = CliRunner().invoke(app, ["check", "-c", str(path)])
+    assert result.exit_code == 2
+    assert "destinations.pg: destination type 'postgres' needs the 'eventspark_no_such_driver' package" in result.output
+    assert "pip install 'eventspark[postgres]'" in result.output
+    with pytest.raises(TerminalError, match=r"eventspark\[postgres\]"):
+        build_destination("pg", load_config(path, env={}).config.destinations["pg"], tmp_path)

@@ -66,7 +66,7 @@ def test_in_process_default_imports_no_driver() -> None:
 def test_missing_driver_is_named_with_the_package_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "eventspark.coordination.etcd")
     monkeypatch.setitem(sys.modules, "etcd3gw", None)
-    with pytest.raises(CoordinationError, match="pip install etcd3gw"):
+    with pytest.raises(CoordinationError, match=r"pip install 'eventspark\[etcd\]'"):
         build_coordination(CoordinationConfig.model_validate({"etcd": {"endpoint": "localhost"}}), "n")
 
 

@@ -34,6 +34,8 @@ class TestPostgresAdapter(AdapterContract):
 
     def test_primary_key_gets_eventnative_constraint_name(self, adapter: PostgresAdapter, pg_schema: str) -> None:
         self.create(adapter, "k", {"a": DataType.STRING, "b": DataType.STRING}, keys=("a",))
+        created = self.query(adapter, f"SELECT conname FROM pg_constraint WHERE conname LIKE '{pg_schema}%'")
+        assert created == [(f"{pg_schema}_k_pk",)]
         adapter.patch(TablePatch("k", primary_keys=("a", "b")))
         found = adapter.read_table("k")
         assert found is not None and found.primary_keys == ("a", "b")

@@ -148,3 +148,16 @@ def test_missing_primary_key_field_fails_the_event(harness: Harness, pg_schema: 
     harness.drain()
     assert query(f'SELECT {KEY} FROM "{pg_schema}".pageview') == [("e000001",)]
     assert ["primary key field" in f["error"] for f in harness.failed()] == [True]
+
+
+def test_the_order_column_is_reserved_as_in_batch(harness: Harness, pg_schema: str) -> None:
+    reserved = {**event(2), "_es_seq": 5}
+    harness.append(event(1), reserved)
+    harness.drain()
+    assert query(f'SELECT {KEY} FROM "{pg_schema}".pageview') == [("e000001",)]
+    assert ["'_es_seq' is reserved" in f["error"] for f in harness.failed()] == [True]
+    columns = query(
+        f"SELECT column_name FROM information_schema.columns WHERE table_schema = '{pg_schema}' "
+        "AND table_name = 'pageview'"
+    )
+    assert ("_es_seq",) not in columns

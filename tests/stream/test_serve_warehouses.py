@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -123,7 +124,10 @@ def test_mysql_stream_events_arrive(run_server: Any, mysql_db: str) -> None:
 # --- the warehouse killed under load ------------------------------------------------------------
 
 
-def _outage_under_load(server: Server, table: ClickHouseTable | MySQLTable, kill: Any, start: Any) -> None:
+def _outage_under_load(
+    server: Server, table: ClickHouseTable | MySQLTable, kill: Callable[[], None], start: Callable[[], None]
+) -> None:
+    """Posts events while the warehouse is killed, down for OUTAGE_SEC and started again."""
     load = Load(server.url, threads=2, pause=0.002)
     load.start()
     try:
@@ -154,7 +158,6 @@ def test_clickhouse_killed_under_load_loses_and_duplicates_nothing(
 def test_mariadb_killed_under_load_loses_and_duplicates_nothing(
     run_server: Any, private_mariadb: MariaDBServer
 ) -> None:
-    private_mariadb.create_database("analytics")
     server = run_server(serve_config({DEST: mysql_stream(private_mariadb.port, "analytics")}))
     table = MySQLTable(private_mariadb.port, "analytics")
     _outage_under_load(server, table, private_mariadb.kill, private_mariadb.start)

@@ -5,7 +5,8 @@
 - `kill_clickhouse`: SIGKILL of the ClickHouse test server (the pid file of scripts/clickhouse.sh).
 - `ClickHouseTable`, `MySQLTable`: what a table holds, read with plain HTTP / PyMySQL (not with
   eventspark's own clients, so a bug there cannot hide itself).
-- `Poster`: a thread posting numbered events to serve's s2s endpoint, recording the acknowledged ones.
+- `Load` / `Poster`: threads posting numbered events to serve's s2s endpoint, recording the
+  acknowledged ones; `queued_bytes`: what serve's queue holds unacknowledged, read from outside.
 """
 
 from __future__ import annotations
@@ -177,14 +178,6 @@ class MariaDBServer:
     def kill(self) -> None:
         """SIGKILL, as a crash; returns once the process is gone."""
         self._script("kill", str(self.folder), timeout=30)
-
-    def create_database(self, name: str) -> None:
-        conn = pymysql.connect(host="127.0.0.1", port=self.port, user="root", password="", autocommit=True)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        finally:
-            conn.close()
 
 
 @pytest.fixture

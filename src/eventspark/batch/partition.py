@@ -21,6 +21,7 @@ from eventspark.batch.memory import keep_freed_memory
 from eventspark.batch.plan import JobPlan
 from eventspark.batch.splits import Split, read_split
 from eventspark.destinations.base import DestinationError, JsonStageWriter, StageWriter
+from eventspark.destinations.registry import destination_type
 from eventspark.logs.failed import event_error_line, event_id_of
 from eventspark.steps.chain import DestinationChain, Failure
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
@@ -87,7 +88,9 @@ class PartitionTask:
         chain = self.chains.get(dest_id)
         if chain is None:
             geo, ua = _lookups(self.plan.geo_path)
-            chain = self.chains[dest_id] = DestinationChain.build(dest_id, self.plan.destinations[dest_id], geo, ua)
+            dest = self.plan.destinations[dest_id]
+            check_name = destination_type(dest.type).dialect.quote
+            chain = self.chains[dest_id] = DestinationChain.build(dest_id, dest, geo, ua, check_name)
         return chain
 
     def add_line(self, line: bytes, file: str) -> None:

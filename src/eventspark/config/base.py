@@ -90,7 +90,10 @@ class DestinationStream(Section):
     """
 
     min_insert_interval_sec: float | None = Field(
-        default=None, ge=0, le=3600, description="least time between two inserts into one table"
+        default=None,
+        ge=0,
+        le=3600,
+        description="least time between two inserts; micro-batches are held meanwhile",
     )
     min_insert_rows: int | None = Field(
         default=None, ge=0, description="rows that trigger an insert before the interval has passed"

@@ -38,13 +38,13 @@ def build_coordination(config: CoordinationConfig | None, node_name: str) -> Coo
         try:
             from eventspark.coordination.redis import RedisCoordination
         except ModuleNotFoundError as exc:
-            raise _missing_driver("redis", "redis", exc.name) from exc
+            raise _missing_driver("redis", exc.name) from exc
         return RedisCoordination(config.redis, name, **_options(config))
     if config is not None and config.etcd is not None:
         try:
             from eventspark.coordination.etcd import EtcdCoordination
         except ModuleNotFoundError as exc:
-            raise _missing_driver("etcd", "etcd3gw", exc.name) from exc
+            raise _missing_driver("etcd", exc.name) from exc
         return EtcdCoordination(config.etcd, name, **_options(config))
     if config is not None:
         return MemoryCoordination(name, heartbeat_ttl=config.heartbeat_ttl_sec)
@@ -58,8 +58,7 @@ def _options(config: CoordinationConfig) -> dict[str, Any]:
     return options
 
 
-def _missing_driver(backend: str, package: str, missing: str | None) -> CoordinationError:
+def _missing_driver(backend: str, missing: str | None) -> CoordinationError:
     return CoordinationError(
-        f"coordination.{backend} needs the Python package {package!r} "
-        f"(module {missing!r} is missing): pip install {package}"
+        f"coordination.{backend} needs its driver (module {missing!r} is missing): pip install 'eventspark[{backend}]'"
     )

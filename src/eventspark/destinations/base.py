@@ -155,10 +155,11 @@ class Capabilities:
     """A stream insert may send NULL for a column a row lacks; else (ClickHouse, whose columns
     are not Nullable) rows are inserted in groups naming only their non-NULL columns."""
     min_insert_interval_sec: float = 0.0
-    """Stream mode: least time between two inserts into one table, by default (per destination:
-    `stream.min_insert_interval_sec`). 0: insert every micro-batch."""
+    """Stream mode, by default (a destination's `stream.min_insert_interval_sec` overrides it): the
+    worker holds micro-batches and inserts each table at most once per interval. 0: insert every
+    micro-batch."""
     min_insert_rows: int = 0
-    """Stream mode: rows held for a table that trigger its insert before the interval is over."""
+    """Stream mode: rows held for one table that trigger the inserts before the interval is over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +173,8 @@ class DestinationType:
     config: type[Any]
     """The pydantic model of a destination of this type (its `configuration.py`)."""
     capabilities: Capabilities
+    dialect: Dialect
+    """SQL conventions and types; `dialect.quote` also decides which table names events may use."""
     factory: str
     """`module:function` making the adapter from (dest_id, config, events_dir); imported on use."""
     extra: str | None = None

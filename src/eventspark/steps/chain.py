@@ -7,7 +7,7 @@ types of many rows into one BatchHeader per table (per Spark partition, per stre
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +38,8 @@ SKIP = None
 """`process` returns None when the table name template renders empty: the event is skipped."""
 
 ChainResult = Row | Failure | None
+MAX_ACCEPTED_NAMES = 10_000
+"""Table names a chain remembers as checked (templates can make one per event: bounded)."""
 
 
 class _LayoutConfig(Protocol):
@@ -47,27 +49,41 @@ class _LayoutConfig(Protocol):
 class DestinationChain:
     """The steps configured for one destination, built once and applied per event."""
 
-    __slots__ = ("destination_id", "lookup", "mapper", "template")
+    __slots__ = ("_accepted", "check_name", "destination_id", "lookup", "mapper", "template")
 
     def __init__(
-        self, destination_id: str, template: TableNameTemplate, lookup: LookupEnricher, mapper: Mapper
+        self,
+        destination_id: str,
+        template: TableNameTemplate,
+        lookup: LookupEnricher,
+        mapper: Mapper,
+        check_name: Callable[[str], object] | None = None,
     ) -> None:
         self.destination_id = destination_id
         self.template = template
         self.lookup = lookup
         self.mapper = mapper
+        self.check_name = check_name
+        """Raises ValueError for a table name the warehouse cannot take (the dialect's `quote`)."""
+        self._accepted: set[str] = set()
 
     @classmethod
     def build(
-        cls, destination_id: str, destination: Any, geo: GeoResolver | None, ua: UserAgentParser | None
+        cls,
+        destination_id: str,
+        destination: Any,
+        geo: GeoResolver | None,
+        ua: UserAgentParser | None,
+        check_name: Callable[[str], object] | None = None,
     ) -> DestinationChain:
-        """`destination` is a destination config (`config.models.DestinationBase`)."""
+        """`destination` is a destination config (`config.models.DestinationBase`); `check_name`
+        refuses table names the warehouse cannot take (ValueError), so their events fail alone."""
         layout = destination.data_layout
         rules = [(rule.name, rule.from_, rule.to) for rule in destination.enrichment]
         mappings = layout.mappings
         mapper = Mapper.build() if mappings is None else Mapper.build(mappings.keep_unmapped, mappings.rules())
         template = compile_template(layout.table_name_template)
-        return cls(destination_id, template, LookupEnricher(rules, geo, ua), mapper)
+        return cls(destination_id, template, LookupEnricher(rules, geo, ua), mapper, check_name)
 
     def process(self, event: dict[str, Any]) -> ChainResult:
         """Runs the chain on `event`, which it changes in place: give each destination its own copy."""
@@ -77,11 +93,27 @@ class DestinationChain:
             return Failure(f"table_name_template: {exc}")
         if not table:
             return SKIP
-        if table[0] == "_" and is_reserved_table(table):
-            return Failure(f"table_name_template: table name {table!r} is reserved for eventspark's own tables")
+        if table not in self._accepted:
+            refused = self._refuse(table)
+            if refused is not None:
+                return refused
         self.lookup.apply(event)
         mapped, casts = self.mapper.apply(event, in_place=True)  # the chain owns the event
         return Row(table, flatten(mapped), casts)
+
+    def _refuse(self, table: str) -> Failure | None:
+        """Why no event can go to `table`, else None (and `table` is remembered as fine)."""
+        if is_reserved_table(table):
+            return Failure(f"table_name_template: table name {table!r} is reserved for eventspark's own tables")
+        if self.check_name is not None:
+            try:
+                self.check_name(table)
+            except ValueError as exc:
+                return Failure(f"table_name_template: {exc}")
+        if len(self._accepted) >= MAX_ACCEPTED_NAMES:
+            self._accepted.clear()
+        self._accepted.add(table)
+        return None
 
 
 class HeaderBuilder:

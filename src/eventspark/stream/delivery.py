@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventspark.coordination import Coordination
-from eventspark.destinations.base import DestinationAdapter, TerminalError
+from eventspark.destinations.base import ORDER_COLUMN, DestinationAdapter, TerminalError
 from eventspark.destinations.sync import LOCK_TIMEOUT, sync_table, table_lock
 from eventspark.steps.chain import HeaderBuilder, Row
 from eventspark.steps.diff import ColumnLimitError, Table, TablePatch, table_from_header
@@ -103,6 +103,11 @@ class TableDelivery:
         self._tables.pop(table, None)
 
     def _attempt(self, table: str, rows: list[Row], indices: list[int], errors: list[str | None]) -> None:
+        for i in [i for i in indices if ORDER_COLUMN in rows[i].values]:  # as the batch load refuses it
+            errors[i] = f"field {ORDER_COLUMN!r} is reserved for eventspark's own use: rename it with a mapping"
+        indices = [i for i in indices if errors[i] is None]
+        if not indices:
+            return
         cached = self._target(table, [rows[i] for i in indices])
         good: list[dict[str, Any]] = []
         for i in indices:

@@ -70,7 +70,8 @@ class StreamWorkers:
         )
         # Lookup caches are not shared between threads: each worker has its own resolvers.
         geo = GeoResolver.open(self.config.geo.maxmind_path)
-        chain = DestinationChain.build(dest_id, dest, geo, UserAgentParser())
+        check_name = destination_type(dest.type).dialect.quote
+        chain = DestinationChain.build(dest_id, dest, geo, UserAgentParser(), check_name)
         reader = QueueReader(
             queue_dir(events_dir, dest_id),
             poll_interval=self.settings.poll_ms / 1000,

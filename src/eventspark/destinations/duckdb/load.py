@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from eventspark.destinations.base import StagedChunk
+from eventspark.destinations.base import StagedChunk, TerminalError
 from eventspark.destinations.duckdb.capabilities import CAPABILITIES
 from eventspark.destinations.duckdb.client import DuckDBClient, ParquetStageTarget
 from eventspark.destinations.duckdb.configuration import DuckDBDestination
@@ -64,6 +64,12 @@ class DuckDBWarehouse(SqlWarehouse):
             [self.schema],
         )
         return columns, keys
+
+    def _key_statements(self, client: SqlClient, table: str, keys: tuple[str, ...]) -> list[str]:
+        current = self._read(table).get(table)
+        if current is not None and current.primary_keys:
+            raise TerminalError(f"duckdb: table {table!r} has a primary key; DuckDB cannot change it")
+        return [f"ALTER TABLE {self.name(table)} ADD PRIMARY KEY ({', '.join(self.dialect.quote(k) for k in keys)})"]
 
     def _value(self, column: str, stage: DataType | None, target_sql: str) -> str:
         return cast_expr(column, stage, target_sql)

@@ -53,8 +53,10 @@ class PostgresClient:
 
     def __init__(self, conninfo: str) -> None:
         with translated_errors("connecting"):
-            # Literals are written with doubled quotes only: backslashes must not be escapes.
-            self.conn = psycopg.connect(conninfo, autocommit=True, options="-c standard_conforming_strings=on")
+            self.conn = psycopg.connect(conninfo, autocommit=True)
+            # Literals are written with doubled quotes only: backslashes must not be escapes. (A
+            # SET, not `options`, which would replace the user's `parameters: {options: ...}`.)
+            self.conn.execute("SET standard_conforming_strings = on")
 
     def execute(self, statement: str, doing: str, params: Sequence[Any] | None = None) -> None:
         with translated_errors(doing):

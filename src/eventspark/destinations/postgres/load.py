@@ -82,15 +82,19 @@ class PostgresWarehouse(SqlWarehouse):
         assert isinstance(client, PostgresClient)
         return client.rows(_STAGES_QUERY, "listing staging tables", (self.schema, len(STAGE_PREFIX), STAGE_PREFIX))
 
+    def _key_clause(self, table: str, keys: Sequence[str]) -> str:
+        # EventNative's constraint name: `<schema>_<table>_pk`.
+        constraint = self.dialect.quote(f"{self.schema}_{table}_pk"[:63])
+        return f"CONSTRAINT {constraint} {super()._key_clause(table, keys)}"
+
     def _key_statements(self, client: SqlClient, table: str, keys: tuple[str, ...]) -> list[str]:
-        # EventNative's constraint name; the current key (whatever its name) is replaced.
+        # The current key (whatever its name) is replaced.
         assert isinstance(client, PostgresClient)
-        quote, name = self.dialect.quote, self.name(table)
         current = client.rows(_KEYS_QUERY, "reading the primary key", {"schema": self.schema, "table": table})
-        statements = [f"ALTER TABLE {name} DROP CONSTRAINT {quote(constraint)}" for _t, constraint, _c in current]
-        constraint = quote(f"{self.schema}_{table}_pk"[:63])
-        columns = ", ".join(quote(k) for k in keys)
-        return [*statements, f"ALTER TABLE {name} ADD CONSTRAINT {constraint} PRIMARY KEY ({columns})"]
+        drops = [f"DROP CONSTRAINT {self.dialect.quote(constraint)}" for _t, constraint, _c in current]
+        return [
+            f"ALTER TABLE {self.name(table)} {clause}" for clause in [*drops, f"ADD {self._key_clause(table, keys)}"]
+        ]
 
     def _value(self, column: str, stage: DataType | None, target_sql: str) -> str:
         return cast_expr(column, stage, target_sql)

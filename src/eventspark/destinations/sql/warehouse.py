@@ -190,8 +190,12 @@ class SqlWarehouse(DestinationAdapter):
         keys = patch.primary_keys or ()
         defs = [self._column_def(c, t, keys) for c, t in patch.add_columns.items()]
         if keys:
-            defs.append(f"PRIMARY KEY ({', '.join(self.dialect.quote(k) for k in keys)})")
+            defs.append(self._key_clause(patch.table, keys))
         return [f"CREATE TABLE IF NOT EXISTS {self.name(patch.table)} ({', '.join(defs)}){self._table_options()}"]
+
+    def _key_clause(self, table: str, keys: Sequence[str]) -> str:
+        """The primary key of a CREATE TABLE."""
+        return f"PRIMARY KEY ({', '.join(self.dialect.quote(k) for k in keys)})"
 
     def _column_def(self, column: str, sql_type: str, keys: Sequence[str]) -> str:
         return f"{self.dialect.quote(column)} {sql_type}"
@@ -219,16 +223,18 @@ class SqlWarehouse(DestinationAdapter):
 
     def commit(self, load: Load) -> None:
         doing = f"loading table {load.table.name!r}"
-        in_transaction = self.capabilities.transactions and self.capabilities.ddl_in_transactions
+        caps = self.capabilities
+        # Staging tables go with the commit where DDL is transactional; else (and files) after it.
+        drop_inside = caps.transactions and caps.ddl_in_transactions and caps.stage == "table"
         with self._session() as client:
             with self._in_transaction(client, doing):
                 self._copy(client, load, doing)
                 markers = marker_insert(self.name(LOADS_TABLE), self.literal, load)
                 if markers is not None:
                     client.execute(markers, doing)
-                if in_transaction:
+                if drop_inside:
                     self._drop_chunks(client, load.chunks, doing)
-            if not in_transaction:
+            if not drop_inside:
                 self._discard_chunks(client, load.chunks)
 
     def _copy(self, client: SqlClient, load: Load, doing: str) -> None:
