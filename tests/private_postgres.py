@@ -70,7 +70,7 @@ def _run_as() -> list[str]:
     return ["runuser", "-u", SERVER_USER, "--"]
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """False once the process is gone or a zombie (dead, not yet reaped by whoever adopted it)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -150,7 +150,7 @@ class PostgresServer:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process, signal.SIGKILL)
         deadline = time.monotonic() + timeout
-        while any(_alive(process) for process in processes):
+        while any(process_alive(process) for process in processes):
             assert time.monotonic() < deadline, f"PostgreSQL ({pid}) survived SIGKILL for {timeout} s"
             time.sleep(0.05)
         # A server refuses to start while its lock files name a pid that exists, and the killed
@@ -165,7 +165,7 @@ class PostgresServer:
             pid = int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
         except (FileNotFoundError, ValueError):
             return None
-        return pid if _alive(pid) else None
+        return pid if process_alive(pid) else None
 
     def is_up(self) -> bool:
         try:

@@ -6,9 +6,6 @@ so the machine's server itself keeps running for everything else.
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
 from tests.destinations.conftest import MYSQL_HOST, MYSQL_PORT, MYSQL_USER, free_port, mysql_connect
 from tests.destinations.contract import AdapterContract
+from tests.destinations.proxy import TcpProxy
 
 B, N, F, T, S = DataType.BOOL, DataType.INT64, DataType.FLOAT64, DataType.TIMESTAMP, DataType.STRING
 
@@ -43,56 +41,6 @@ def rows_of(db: str, sql: str) -> list[tuple[Any, ...]]:
             return [tuple(r) for r in cur.fetchall()]
     finally:
         conn.close()
-
-
-class Proxy:
-    """Forwards a local port to MariaDB; `stop` drops every connection and refuses new ones."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = free_port()
-        self._listener: socket.socket | None = None
-        self._sockets: list[socket.socket] = []
-
-    def start(self) -> None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen()
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection((MYSQL_HOST, self.target_port))
-            self._sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                sink.sendall(data)
-        with contextlib.suppress(OSError):
-            sink.shutdown(socket.SHUT_RDWR)
-
-    def stop(self) -> None:
-        if self._listener is not None:
-            # shutdown wakes the thread blocked in accept(); close alone would leave it accepting.
-            with contextlib.suppress(OSError):
-                self._listener.shutdown(socket.SHUT_RDWR)
-            self._listener.close()
-            self._listener = None
-        for sock in self._sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-        self._sockets = []
 
 
 class TestMySQLAdapter(AdapterContract):
@@ -191,7 +139,7 @@ class TestMySQLAdapter(AdapterContract):
             adapter.read_tables()
 
     def test_server_down_then_up_loses_nothing(self, mysql_db: str) -> None:
-        proxy = Proxy(MYSQL_PORT)
+        proxy = TcpProxy(MYSQL_HOST, MYSQL_PORT)
         proxy.start()
         adapter = build("my", destination(mysql_db, port=proxy.port), Path("."))
         try:
@@ -284,7 +232,7 @@ def test_batch_upserts_and_survives_a_crash(spark: Any, tmp_path: Any, mysql_db:
 def test_batch_with_the_server_down_keeps_the_log_then_loads_it(spark: Any, tmp_path: Any, mysql_db: str) -> None:
     from tests.batch.helpers import event, put_log
 
-    proxy = Proxy(MYSQL_PORT)
+    proxy = TcpProxy(MYSQL_HOST, MYSQL_PORT)
     loaded = _config(tmp_path, mysql_db, "t", port=proxy.port)
     log = put_log(tmp_path, [event(str(i), n=i) for i in range(5)])
     down = _batch(spark, loaded)

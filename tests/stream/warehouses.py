@@ -27,6 +27,7 @@ import pymysql
 import pytest
 
 from tests.destinations.conftest import ClickHouseServer, free_port
+from tests.private_postgres import process_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 MARIADB_SCRIPT = ROOT / "scripts" / "mariadb.sh"
@@ -190,21 +191,12 @@ def private_mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaD
         server.stop()
 
 
-def _alive(pid: int) -> bool:
-    """False once the process is gone or a zombie (dead, not yet reaped by whoever adopted it)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def kill_clickhouse(server: ClickHouseServer, timeout: float = 30) -> None:
     """SIGKILL of the server started in `server.folder`; returns once the process is gone."""
     pid = int((server.folder / "server.pid").read_text().strip())
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
-    while _alive(pid):
+    while process_alive(pid):
         assert time.monotonic() < deadline, f"ClickHouse ({pid}) survived SIGKILL for {timeout} s"
         time.sleep(0.05)
 

@@ -82,7 +82,7 @@ class SqlWarehouse(DestinationAdapter):
 
     @abstractmethod
     def _connect(self) -> SqlClient:
-        """A new client (`_prepare` then creates the schema and the marker table)."""
+        """A new client; `_prepare_statements` then run on it (schema, marker table)."""
 
     @abstractmethod
     def _catalog(self, client: SqlClient, name: str | None) -> tuple[list[Any], list[tuple[str, Sequence[str]]]]:
@@ -123,8 +123,7 @@ class SqlWarehouse(DestinationAdapter):
         if self._client is None:
             client = self._connect()
             try:
-                ddl = client.transaction("connecting") if self.capabilities.ddl_in_transactions else _no_transaction()
-                with ddl:
+                with self._ddl_transaction(client, "connecting"):
                     for statement in self._prepare_statements():
                         client.execute(statement, "connecting")
             except BaseException:
@@ -150,6 +149,9 @@ class SqlWarehouse(DestinationAdapter):
     def _in_transaction(self, client: SqlClient, doing: str) -> AbstractContextManager[None]:
         return client.transaction(doing) if self.capabilities.transactions else _no_transaction()
 
+    def _ddl_transaction(self, client: SqlClient, doing: str) -> AbstractContextManager[None]:
+        return client.transaction(doing) if self.capabilities.ddl_in_transactions else _no_transaction()
+
     def close(self) -> None:
         if self._client is not None:
             client, self._client = self._client, None
@@ -173,18 +175,16 @@ class SqlWarehouse(DestinationAdapter):
 
     def patch(self, patch: TablePatch) -> None:
         doing = f"patching table {patch.table!r}"
-        with self._session() as client:
-            ddl = client.transaction(doing) if self.capabilities.ddl_in_transactions else _no_transaction()
-            with ddl:
-                if patch.create:
-                    for statement in self._create_statements(patch):
+        with self._session() as client, self._ddl_transaction(client, doing):
+            if patch.create:
+                for statement in self._create_statements(patch):
+                    client.execute(statement, doing)
+            else:
+                for column, sql_type in patch.add_columns.items():
+                    self._add_column(client, patch.table, column, sql_type, doing)
+                if patch.primary_keys is not None:
+                    for statement in self._key_statements(client, patch.table, patch.primary_keys):
                         client.execute(statement, doing)
-                else:
-                    for column, sql_type in patch.add_columns.items():
-                        self._add_column(client, patch.table, column, sql_type, doing)
-                    if patch.primary_keys is not None:
-                        for statement in self._key_statements(client, patch.table, patch.primary_keys):
-                            client.execute(statement, doing)
 
     def _create_statements(self, patch: TablePatch) -> list[str]:
         keys = patch.primary_keys or ()
