@@ -127,3 +127,12 @@ def test_duckdb_accepts_its_types_and_quoted_names() -> None:
     assert [row[1] for row in described] == [
         {"TIMESTAMPTZ": "TIMESTAMP WITH TIME ZONE"}.get(sql, sql) for sql in (dialect.types[t] for t in DataType)
     ]
+
+
+def test_mysql_counts_characters_and_postgres_bytes() -> None:
+    accented = "é" * 40  # 80 UTF-8 bytes
+    assert get_dialect("mysql").quote(accented) == f"`{accented}`"
+    with pytest.raises(ValueError, match="is 65 characters; mysql allows 64"):
+        get_dialect("mysql").quote("x" * 65)
+    with pytest.raises(ValueError, match="is 80 bytes; postgres allows 63"):
+        get_dialect("postgres").quote(accented)

@@ -38,8 +38,10 @@ class Dialect:
     """How a quote inside a string literal is escaped: doubled (standard SQL strings), or with a
     backslash where backslashes are escapes in string literals (MySQL's default mode, ClickHouse)."""
     max_identifier_length: int | None = 63
-    """Longest identifier in UTF-8 bytes (None: no limit). Longer names are refused by ``quote``
-    rather than silently truncated by the warehouse."""
+    """Longest identifier (None: no limit), in `identifier_length_unit`. Longer names are refused
+    by ``quote`` rather than silently truncated by the warehouse."""
+    identifier_length_unit: Literal["bytes", "characters"] = "bytes"
+    """What the limit counts: UTF-8 bytes (Postgres' NAMEDATALEN) or characters (MySQL)."""
 
     type_parser: Callable[[str], DataType | None] | None = None
     """SQL → DataType for this warehouse's catalog spelling (None: `data_type_of_sql`)."""
@@ -71,7 +73,7 @@ class Dialect:
         """``identifier`` as a quoted SQL identifier, quote characters escaped.
 
         Raises ValueError for an empty identifier, control characters (NUL included), text that
-        is not valid Unicode, or more bytes than ``max_identifier_length``.
+        is not valid Unicode, or longer than ``max_identifier_length``.
         """
         if not identifier:
             raise ValueError("an SQL identifier cannot be empty")
@@ -81,9 +83,12 @@ class Dialect:
             size = len(identifier.encode("utf-8"))
         except UnicodeEncodeError as exc:
             raise ValueError(f"SQL identifier {identifier!r} is not valid Unicode") from exc
+        unit = self.identifier_length_unit
+        if unit == "characters":
+            size = len(identifier)
         if self.max_identifier_length is not None and size > self.max_identifier_length:
             limit = self.max_identifier_length
-            raise ValueError(f"SQL identifier {identifier!r} is {size} bytes; {self.name} allows {limit}")
+            raise ValueError(f"SQL identifier {identifier!r} is {size} {unit}; {self.name} allows {limit}")
         q = self.quote_char
         if self.quote_escape == "backslash":
             escaped = identifier.replace("\\", "\\\\").replace(q, "\\" + q)

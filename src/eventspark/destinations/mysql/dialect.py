@@ -69,6 +69,7 @@ DIALECT = Dialect(
     },
     type_parser=data_type_of,
     max_identifier_length=64,
+    identifier_length_unit="characters",
 )
 
 quote = DIALECT.quote
