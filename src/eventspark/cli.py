@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Annotated
 
@@ -37,7 +36,8 @@ def _load(path: Path | None) -> LoadedConfig:
 
 
 def _require_drivers(loaded: LoadedConfig) -> None:
-    """Exits 2 naming the pip extra when a configured destination's driver is not installed."""
+    """Exits 2 naming the pip extra when the driver of a destination or of the coordination
+    backend is not installed."""
     from eventspark.destinations.registry import destination_type
 
     problems = []
@@ -46,10 +46,12 @@ def _require_drivers(loaded: LoadedConfig) -> None:
             destination_type(dest.type).require_driver()
         except DestinationError as exc:
             problems.append(f"destinations.{dest_id}: {exc}")
-    coordination = loaded.config.coordination
-    for backend, module in (("redis", "redis"), ("etcd", "etcd3gw")):
-        if coordination is not None and getattr(coordination, backend) is not None and not find_spec(module):
-            problems.append(f"coordination.{backend} needs the {module!r} package: pip install 'eventspark[{backend}]'")
+    from eventspark.coordination import CoordinationError, build_coordination
+
+    try:  # imports the backend's driver; connects only on first use
+        build_coordination(loaded.config.coordination, loaded.config.server.name).close()
+    except CoordinationError as exc:
+        problems.append(str(exc))
     for problem in problems:
         err.print(f"[bold red]config error[/]: {escape(problem)}", highlight=False)
     if problems:

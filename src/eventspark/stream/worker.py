@@ -208,26 +208,17 @@ class StreamWorker:
         return self._held.events
 
     def run_once(self) -> BatchOutcome | None:
-        """Takes one micro-batch, delivers it, acknowledges it; None when the queue stayed empty.
-
-        With a minimum insert interval it holds the micro-batch instead, and delivers and acknowledges
-        everything held once an insert is due (`_run_held`)."""
-        if self.settings.min_insert_interval_sec > 0:
-            return self._run_held()
-        records = self.reader.read(self.settings.batch_events, self.settings.batch_wait_ms / 1000)
+        """Reads one micro-batch into the held batch; when an insert is due (at once without a
+        minimum insert interval), delivers everything held and acknowledges it. None: nothing came
+        and nothing was due; an empty outcome: the micro-batch is held."""
+        room = self.settings.max_held_events - self._held.events
+        records = self.reader.read(min(self.settings.batch_events, room), self._held_wait()) if room > 0 else []
         self.archive.rotate_if_due()
-        if not records:
-            return None
-        outcome = self.process(records)
-        self._record(outcome)
-        self.reader.ack()
-        return outcome
-
-    def process(self, records: list[bytes]) -> BatchOutcome:
-        """Runs the chain on each event and delivers the rows; retries while the warehouse is away."""
-        batch = HeldBatch()
-        self._hold(batch, records)
-        return self._deliver_all(batch)
+        if records:
+            self._hold(self._held, records)
+        if self._held.events and self._insert_due():
+            return self._flush()
+        return BatchOutcome() if records else None
 
     def _hold(self, batch: HeldBatch, records: list[bytes]) -> None:
         """Runs the chain on each event: its row joins its table's, or its outcome is decided."""
@@ -255,18 +246,6 @@ class StreamWorker:
         return outcome
 
     # --- held micro-batches (minimum insert interval) ---------------------------------------------
-
-    def _run_held(self) -> BatchOutcome | None:
-        """Reads one micro-batch into the held batch; when an insert is due, delivers everything
-        held and acknowledges it. An empty outcome: held; None: nothing came and nothing was due."""
-        room = self.settings.max_held_events - self._held.events
-        records = self.reader.read(min(self.settings.batch_events, room), self._held_wait()) if room > 0 else []
-        self.archive.rotate_if_due()
-        if records:
-            self._hold(self._held, records)
-        if self._held.events and self._insert_due():
-            return self._flush()
-        return BatchOutcome() if records else None
 
     def _held_wait(self) -> float:
         """How long `read` may wait for events: not past the moment the held ones are due."""
