@@ -15,6 +15,8 @@ import pytest
 if TYPE_CHECKING:
     from tests.private_postgres import PostgresServer
 
+pytest_plugins = ["tests.emulators.snowflake", "tests.emulators.bigquery", "tests.emulators.s3"]
+
 PG_HOST = "127.0.0.1"
 PG_PORT = 5432
 PG_DB = "test"

@@ -15,7 +15,9 @@ from eventspark.config import LoadedConfig, load_config
 from eventspark.logs.incoming import rotated_log_name
 from tests.conftest import pg_conninfo
 
-FIXTURE_LOG = Path("/work/shared/testdata/eventnative/fact_input_with_error_lines_1.0.log")
+FIXTURE_LOG = (
+    Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative" / "fact_input_with_error_lines_1.0.log"
+)
 MONTHLY = '{{.event_type}}_{{._timestamp.Format "2006_01"}}'
 SKIPPING = '{{if eq .event_type "skipped"}}{{else}}' + MONTHLY + "{{end}}"
 # The same master and conf as the shared `spark` fixture, so get_session reuses that session.

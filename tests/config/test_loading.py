@@ -245,10 +245,14 @@ def test_check_command_on_missing_file(tmp_path: Path) -> None:
 
 
 def test_check_refuses_an_unsupported_type_naming_the_supported_ones(tmp_path: Path) -> None:
-    text = "destinations: {rs: {type: redshift, datasource: {db: a}}}\n"
+    from eventspark.destinations.registry import REGISTRY
+
+    text = "destinations: {hook: {type: webhook, webhook: {url: 'http://example.com'}}}\n"
     result = run_check("-c", str(write(tmp_path, text)))
     assert result.returncode == 2
-    assert "type 'redshift' is not supported yet; supported types: clickhouse, duckdb, mysql, postgres" in result.stderr
+    supported = ", ".join(sorted(REGISTRY))
+    assert "clickhouse, duckdb, mysql, postgres" in supported
+    assert f"type 'webhook' is not supported yet; supported types: {supported}" in result.stderr
 
 
 def test_check_fails_on_keys_without_effect(tmp_path: Path) -> None:

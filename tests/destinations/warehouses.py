@@ -300,8 +300,18 @@ class DuckDBWarehouse(Warehouse):
         return self._rows(f"SELECT {names} FROM {_dq(table)}")
 
 
+def _cloud_warehouses() -> list[type[Warehouse]]:
+    """The warehouses of the cloud types, each in its own module (tests/destinations/<type>_warehouse.py)."""
+    found: list[type[Warehouse]] = []
+    # snowflake
+    # bigquery
+    # redshift
+    return found
+
+
 WAREHOUSES: dict[str, Callable[[pytest.FixtureRequest], Warehouse]] = {
-    cls.type_name: cls for cls in (PostgresWarehouse, MySQLWarehouse, ClickHouseWarehouse, DuckDBWarehouse)
+    cls.type_name: cls
+    for cls in (PostgresWarehouse, MySQLWarehouse, ClickHouseWarehouse, DuckDBWarehouse, *_cloud_warehouses())
 }
 
 

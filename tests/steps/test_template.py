@@ -23,7 +23,9 @@ from eventspark.steps.template import (
     compile_template,
 )
 
-FIXTURE = Path("/work/shared/testdata/eventnative/fact_input_with_error_lines_1.0.log")
+FIXTURE = (
+    Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative" / "fact_input_with_error_lines_1.0.log"
+)
 COMMON = '{{.event_type}}_{{._timestamp.Format "2006_01"}}'
 
 EVENT: dict[str, Any] = {

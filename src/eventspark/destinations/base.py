@@ -127,10 +127,13 @@ class StageTarget(Protocol):
 
 
 Mode = Literal["batch", "stream"]
-UpsertStyle = Literal["on_conflict", "on_duplicate_key", "replacing_engine"]
+UpsertStyle = Literal["on_conflict", "on_duplicate_key", "replacing_engine", "merge", "delete_insert"]
 """How rows with a primary key replace stored ones: `INSERT ... ON CONFLICT DO UPDATE`,
-`INSERT ... ON DUPLICATE KEY UPDATE`, or plain inserts that a ReplacingMergeTree engine collapses
-when parts merge (duplicates are visible until then, or with FINAL)."""
+`INSERT ... ON DUPLICATE KEY UPDATE`, plain inserts that a ReplacingMergeTree engine collapses
+when parts merge (duplicates are visible until then, or with FINAL), `MERGE INTO ... WHEN MATCHED
+THEN UPDATE ... WHEN NOT MATCHED THEN INSERT` (Snowflake, BigQuery), or `DELETE ... USING` the new
+rows' keys then `INSERT`, in one transaction (Redshift, which has neither ON CONFLICT nor a MERGE
+on every cluster)."""
 StageKind = Literal["table", "files"]
 """Where executors stage chunks: tables in the warehouse's schema (`STAGE_PREFIX<job>_...`), or
 files under `<log.path>/staging/<job>/<destination>/` that the driver loads."""

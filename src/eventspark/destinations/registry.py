@@ -7,22 +7,48 @@ Adding a type is adding its package and one line here (docs/destinations/adding.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from eventspark.destinations import clickhouse, duckdb, mysql, postgres
 from eventspark.destinations.base import DestinationType
+
+PACKAGES = (
+    "postgres",
+    "duckdb",
+    "clickhouse",
+    "mysql",
+    # snowflake
+    # bigquery
+    # redshift
+)
+"""The destination packages (`eventspark.destinations.<name>`), each exporting `DESTINATION`.
+Their `__init__` imports no driver, so listing one costs nothing until a config uses it."""
 
 REGISTRY: Mapping[str, DestinationType] = MappingProxyType(
     {
         entry.name: entry
-        for entry in (postgres.DESTINATION, duckdb.DESTINATION, clickhouse.DESTINATION, mysql.DESTINATION)
+        for entry in (importlib.import_module(f"eventspark.destinations.{name}").DESTINATION for name in PACKAGES)
     }
 )
-PLANNED = frozenset(
-    {"redshift", "bigquery", "snowflake", "s3", "gcs", "webhook", "google_analytics", "amplitude", "facebook"}
+EVENTNATIVE_TYPES = frozenset(
+    {
+        "postgres",
+        "mysql",
+        "clickhouse",
+        "redshift",
+        "bigquery",
+        "snowflake",
+        "s3",
+        "gcs",
+        "webhook",
+        "google_analytics",
+        "amplitude",
+        "facebook",
+    }
 )
+PLANNED = EVENTNATIVE_TYPES - REGISTRY.keys()
 """EventNative types that eventspark does not load yet: named as such in the error."""
 
 

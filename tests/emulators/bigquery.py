@@ -1,0 +1,1 @@
+"""bigquery emulator fixtures: filled in by the package that needs them."""

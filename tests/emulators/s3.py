@@ -1,0 +1,1 @@
+"""s3 emulator fixtures: filled in by the package that needs them."""

@@ -1,0 +1,1 @@
+"""snowflake emulator fixtures: filled in by the package that needs them."""
