@@ -308,3 +308,22 @@ def test_a_missing_driver_names_the_extra_to_install(monkeypatch: pytest.MonkeyP
     assert "pip install 'eventspark[postgres]'" in result.output
     with pytest.raises(TerminalError, match=r"eventspark\[postgres\]"):
         build_destination("pg", load_config(path, env={}).config.destinations["pg"], tmp_path)
+
+
+def test_the_block_may_be_spelled_config(tmp_path: Path) -> None:
+    """EventNative's newer spelling: `config:` holds the type's block."""
+    text = (
+        "destinations:\n"
+        "  pg: {type: postgres, config: {host: db.example, db: analytics, schema: web}}\n"
+        "  ch: {type: clickhouse, config: {dsns: ['http://ch:8123/x'], db: x}}\n"
+        "  both: {type: postgres, datasource: {db: a}, config: {db: b}}\n"
+    )
+    loaded = load_config(write(tmp_path, text))
+    pg = loaded.config.destinations["pg"]
+    assert isinstance(pg, PostgresDestination)
+    assert (pg.datasource.host, pg.datasource.db, pg.datasource.schema_) == ("db.example", "analytics", "web")
+    ch = loaded.config.destinations["ch"]
+    assert isinstance(ch, ClickHouseDestination) and ch.clickhouse.db == "x"
+    both = loaded.config.destinations["both"]
+    assert isinstance(both, PostgresDestination) and both.datasource.db == "a"
+    assert any("destinations.both.config" in w for w in loaded.warnings), loaded.warnings

@@ -125,13 +125,27 @@ class GeoConfig(Section):
 
 def _registered_type(raw: Any) -> Any:
     """Refuses a type or a type×mode the registry does not have, naming what it supports (before
-    the union, whose own error for an unknown tag does not say "not supported yet")."""
+    the union, whose own error for an unknown tag does not say "not supported yet"), and reads
+    the newer spelling of the type's block, `config:`."""
     if isinstance(raw, dict) and isinstance(raw.get("type"), str):
-        destination_type(raw["type"])
+        entry = destination_type(raw["type"])
         mode = raw.get("mode", "batch")
         if mode in ("batch", "stream"):  # anything else: pydantic names the bad value
             check_mode(raw["type"], mode)
+        raw = _config_block(raw, entry.config)
     return raw
+
+
+def _config_block(raw: dict[str, Any], model: type[Any]) -> dict[str, Any]:
+    """EventNative accepts a type's block under `config:` too (`type: postgres, config: {host...}`):
+    it becomes the type's first own block (`datasource`, `clickhouse`, `snowflake`, `google`...).
+    Both spellings at once: `config` is left alone, and reported as a key without effect."""
+    if "config" not in raw:
+        return raw
+    own = [name for name in model.model_fields if name not in DestinationBase.model_fields]
+    if not own or own[0] in raw:
+        return raw
+    return {**{k: v for k, v in raw.items() if k != "config"}, own[0]: raw["config"]}
 
 
 Destination = Annotated[
