@@ -304,8 +304,12 @@ def _cloud_warehouses() -> list[type[Warehouse]]:
     """The warehouses of the cloud types, each in its own module (tests/destinations/<type>_warehouse.py)."""
     found: list[type[Warehouse]] = []
     # snowflake
-    # bigquery
-    # redshift
+    from tests.destinations.bigquery_warehouse import BigQueryWarehouse
+
+    found.append(BigQueryWarehouse)
+    from tests.destinations.redshift_warehouse import RedshiftWarehouse
+
+    found.append(RedshiftWarehouse)
     return found
 
 

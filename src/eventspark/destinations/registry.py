@@ -20,8 +20,8 @@ PACKAGES = (
     "clickhouse",
     "mysql",
     # snowflake
-    # bigquery
-    # redshift
+    "bigquery",
+    "redshift",
 )
 """The destination packages (`eventspark.destinations.<name>`), each exporting `DESTINATION`.
 Their `__init__` imports no driver, so listing one costs nothing until a config uses it."""

@@ -1,6 +1,16 @@
-"""Google BigQuery: not a registered destination type yet (config and serve refuse `type: bigquery`).
+"""Google BigQuery destination: its entry in the registry (`destinations.registry`)."""
 
-Only its dialect exists (types as in EventNative's table, quoting), checked by
-tests/destinations/test_dialects.py; the package gets the other files of docs/destinations/adding.md
-and its registry entry when it is built (issue 14).
-"""
+from eventspark.destinations.base import DestinationType
+from eventspark.destinations.bigquery.capabilities import CAPABILITIES
+from eventspark.destinations.bigquery.configuration import BigQueryDestination
+from eventspark.destinations.bigquery.dialect import DIALECT
+
+DESTINATION = DestinationType(
+    name="bigquery",
+    config=BigQueryDestination,
+    capabilities=CAPABILITIES,
+    dialect=DIALECT,
+    factory="eventspark.destinations.bigquery.load:build",
+    extra="bigquery",
+    driver="google.cloud.bigquery",
+)

@@ -1,6 +1,16 @@
-"""Amazon Redshift: not a registered destination type yet (config and serve refuse `type: redshift`).
+"""Amazon Redshift destination: its entry in the registry (`destinations.registry`)."""
 
-Only its dialect exists (types as in EventNative's table, quoting), checked by
-tests/destinations/test_dialects.py; the package gets the other files of docs/destinations/adding.md
-and its registry entry when it is built (issue 14).
-"""
+from eventspark.destinations.base import DestinationType
+from eventspark.destinations.redshift.capabilities import CAPABILITIES
+from eventspark.destinations.redshift.configuration import RedshiftDestination
+from eventspark.destinations.redshift.dialect import DIALECT
+
+DESTINATION = DestinationType(
+    name="redshift",
+    config=RedshiftDestination,
+    capabilities=CAPABILITIES,
+    dialect=DIALECT,
+    factory="eventspark.destinations.redshift.load:build",
+    extra="redshift",
+    driver="psycopg",
+)

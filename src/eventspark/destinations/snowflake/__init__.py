@@ -1,6 +1,16 @@
-"""Snowflake: not a registered destination type yet (config and serve refuse `type: snowflake`).
+"""Snowflake destination: its entry in the registry (`destinations.registry`)."""
 
-Only its dialect exists (types as in EventNative's table, quoting), checked by
-tests/destinations/test_dialects.py; the package gets the other files of docs/destinations/adding.md
-and its registry entry when it is built (issue 14).
-"""
+from eventspark.destinations.base import DestinationType
+from eventspark.destinations.snowflake.capabilities import CAPABILITIES
+from eventspark.destinations.snowflake.configuration import SnowflakeDestination
+from eventspark.destinations.snowflake.dialect import DIALECT
+
+DESTINATION = DestinationType(
+    name="snowflake",
+    config=SnowflakeDestination,
+    capabilities=CAPABILITIES,
+    dialect=DIALECT,
+    factory="eventspark.destinations.snowflake.load:build",
+    extra="snowflake",
+    driver="snowflake.connector",
+)

@@ -1,0 +1,404 @@
+"""BigQuery client (google-cloud-bigquery, google-cloud-storage): credentials, statements as query
+jobs, the table API calls the load needs, error classification, and the executors' stage writer
+(newline-delimited JSON files, on GCS or under the staging folder).
+
+Nothing here logs a credential: keys travel in `GoogleSettings`, whose `key_info` is left out of
+its repr, and error messages carry the API's text only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, ClassVar
+
+import orjson
+import requests
+from google.api_core import exceptions as api_errors
+from google.api_core.client_options import ClientOptions
+from google.auth import exceptions as auth_errors
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.cloud import bigquery
+from google.cloud.bigquery.retry import DEFAULT_RETRY
+
+from eventspark.destinations.base import StagedChunk, TerminalError, TransientError
+from eventspark.destinations.bigquery.dialect import field_type
+from eventspark.steps.typing import DataType
+
+SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+RETRY = DEFAULT_RETRY.with_deadline(10.0)
+"""API calls (not jobs) retry connection errors, 5xx and rate limits for 10 s, then fail: the
+stream worker and the next batch pass retry further, without holding a table lock meanwhile."""
+HTTP_TIMEOUT = 60.0
+JOB_TIMEOUT = 3600.0
+"""Longest wait for a load or query job."""
+GCS_STAGE_FOLDER = "eventspark-staging"
+"""Objects of a job: `<folder>/<job id>/<destination id>/<random>.ndjson` in `gcs_bucket`."""
+KEY_NOTE = "eventspark primary key: "
+"""Table descriptions carry the primary key (JSON list after this), for servers without
+table constraints (the emulator); BigQuery itself gets the constraint too."""
+
+
+@dataclass(frozen=True, slots=True)
+class GoogleSettings:
+    """Picklable: what a BigQuery or Cloud Storage client needs (sent to executors with GCS)."""
+
+    project: str
+    dataset: str
+    bucket: str = ""
+    bq_endpoint: str = ""
+    gcs_endpoint: str = ""
+    key_path: str = ""
+    key_info: Mapping[str, Any] | None = field(default=None, repr=False)
+
+    def credentials(self, endpoint: str) -> Credentials | None:
+        """Service-account credentials from the key; anonymous ones for an endpoint override
+        without a key; None (the library's default credentials) otherwise."""
+        from google.oauth2 import service_account
+
+        try:
+            if self.key_info is not None:
+                return service_account.Credentials.from_service_account_info(dict(self.key_info), scopes=SCOPES)
+            if self.key_path:
+                return service_account.Credentials.from_service_account_file(self.key_path, scopes=SCOPES)
+        except (ValueError, KeyError, OSError) as exc:
+            # Messages name missing fields or the path, never the key's content.
+            raise TerminalError(f"bigquery: reading the service account key: {type(exc).__name__}: {exc}") from exc
+        return AnonymousCredentials() if endpoint else None  # type: ignore[no-untyped-call]
+
+    def bigquery(self) -> bigquery.Client:
+        options = ClientOptions(api_endpoint=self.bq_endpoint) if self.bq_endpoint else None
+        return bigquery.Client(
+            project=self.project or None, credentials=self.credentials(self.bq_endpoint), client_options=options
+        )
+
+    def storage(self) -> Any:
+        from google.cloud import storage
+
+        options = {"api_endpoint": self.gcs_endpoint} if self.gcs_endpoint else None
+        return storage.Client(
+            project=self.project or None, credentials=self.credentials(self.gcs_endpoint), client_options=options
+        )
+
+
+def key_of(key_file: str | Mapping[str, Any]) -> tuple[str, Mapping[str, Any] | None]:
+    """EventNative's `key_file`: (a path, None) or ('', the key's JSON object)."""
+    if isinstance(key_file, Mapping):
+        return "", dict(key_file)
+    text = key_file.strip()
+    if text.startswith("{"):
+        try:
+            return "", dict(json.loads(text))
+        except ValueError as exc:
+            raise TerminalError("bigquery: google.key_file holds text that is not a JSON object") from exc
+    return text, None
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+_TRANSIENT_REASONS = {"backendError", "internalError", "rateLimitExceeded", "jobRateLimitExceeded"}
+
+
+@contextmanager
+def translated_errors(doing: str, service: str = "bigquery") -> Iterator[None]:
+    """Connection problems, timeouts, 5xx and rate limits as TransientError; every other refusal
+    (4xx, a failed job, bad credentials) as TerminalError."""
+    try:
+        yield
+    except (TransientError, TerminalError):
+        raise
+    except api_errors.GoogleAPICallError as exc:
+        kind = TransientError if _is_transient(exc) else TerminalError
+        raise kind(f"{service}: {doing}: {_message(exc)}") from exc
+    except (
+        api_errors.RetryError,
+        requests.ConnectionError,
+        requests.Timeout,
+        auth_errors.TransportError,
+        TimeoutError,
+        ConnectionError,
+    ) as exc:
+        raise TransientError(f"{service}: {doing}: {type(exc).__name__}: {_first_line(exc)}") from exc
+    except auth_errors.GoogleAuthError as exc:
+        raise TerminalError(f"{service}: {doing}: {type(exc).__name__}: {_first_line(exc)}") from exc
+    except (OSError, ValueError) as exc:  # a staged file gone, a value the client cannot encode
+        raise TerminalError(f"{service}: {doing}: {type(exc).__name__}: {_first_line(exc)}") from exc
+
+
+def _is_transient(exc: api_errors.GoogleAPICallError) -> bool:
+    if isinstance(exc, api_errors.ServerError | api_errors.TooManyRequests):
+        return True
+    return any(error.get("reason") in _TRANSIENT_REASONS for error in exc.errors or [] if isinstance(error, dict))
+
+
+def _message(exc: api_errors.GoogleAPICallError) -> str:
+    return f"{exc.code} {_first_line(exc.message or exc)}"
+
+
+def _first_line(exc: object) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+# --- the client ------------------------------------------------------------------------------------
+
+
+class BigQueryClient:
+    """A BigQuery client for one dataset. `execute` and `rows` run query jobs; inside
+    `transaction`, `execute` collects statements that run on leaving it as one script
+    `BEGIN TRANSACTION; ...; COMMIT TRANSACTION;` (BigQuery keeps no transaction open between
+    jobs without a session), which BigQuery rolls back whole when a statement fails."""
+
+    def __init__(self, settings: GoogleSettings) -> None:
+        self.settings = settings
+        with translated_errors("connecting"):
+            self.client = settings.bigquery()
+        self._script: list[str] | None = None
+        self._params: list[Any] = []
+
+    @property
+    def dataset(self) -> str:
+        return self.settings.dataset
+
+    def _ref(self, table: str) -> bigquery.TableReference:
+        return bigquery.DatasetReference(self.client.project, self.dataset).table(table)
+
+    # --- SQL --------------------------------------------------------------------------------------
+
+    def execute(self, statement: str, doing: str, params: Sequence[Any] = ()) -> None:
+        if self._script is not None:
+            self._script.append(statement)
+            self._params.extend(params)
+            return
+        self._query(statement, doing, params)
+
+    def rows(self, statement: str, doing: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return [tuple(row.values()) for row in self._query(statement, doing, params)]
+
+    def _query(self, statement: str, doing: str, params: Sequence[Any]) -> list[Any]:
+        config = bigquery.QueryJobConfig(query_parameters=list(params), use_legacy_sql=False)
+        with translated_errors(doing):
+            job = self.client.query(statement, job_config=config, retry=RETRY, job_retry=None, timeout=HTTP_TIMEOUT)
+            return list(job.result(retry=RETRY, timeout=JOB_TIMEOUT))
+
+    @contextmanager
+    def transaction(self, doing: str) -> Iterator[None]:
+        if self._script is not None:  # nested: part of the outer script
+            yield
+            return
+        self._script, self._params = [], []
+        try:
+            yield
+            statements, params = self._script, self._params
+        finally:
+            self._script, self._params = None, []
+        if len(statements) == 1:
+            # One statement is atomic by itself (and bqemulator binds no parameters in scripts).
+            self._query(statements[0], doing, params)
+        elif statements:
+            script = "BEGIN TRANSACTION;\n" + ";\n".join(statements) + ";\nCOMMIT TRANSACTION;"
+            self._query(script, doing, params)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # --- the API ----------------------------------------------------------------------------------
+
+    def ensure_dataset(self) -> None:
+        with translated_errors(f"creating dataset {self.dataset!r}"):
+            dataset = bigquery.Dataset(bigquery.DatasetReference(self.client.project, self.dataset))
+            self.client.create_dataset(dataset, exists_ok=True, retry=RETRY, timeout=HTTP_TIMEOUT)
+
+    def table_names(self, doing: str) -> list[str]:
+        with translated_errors(doing):
+            found = self.client.list_tables(f"{self.client.project}.{self.dataset}", retry=RETRY, timeout=HTTP_TIMEOUT)
+            return [t.table_id for t in found]
+
+    def table(self, name: str, doing: str) -> bigquery.Table | None:
+        with translated_errors(doing):
+            try:
+                return self.client.get_table(self._ref(name), retry=RETRY, timeout=HTTP_TIMEOUT)
+            except api_errors.NotFound:
+                return None
+
+    def add_fields(self, name: str, columns: Mapping[str, str], doing: str) -> None:
+        """Adds the columns the table's API schema lacks, with one schema patch."""
+        table = self.table(name, doing)
+        if table is None:
+            raise TerminalError(f"bigquery: {doing}: table {name!r} does not exist")
+        have = {f.name.lower() for f in table.schema}
+        new = [bigquery.SchemaField(c, field_type(t)) for c, t in columns.items() if c.lower() not in have]
+        if new:
+            table.schema = [*table.schema, *new]
+            with translated_errors(doing):
+                self.client.update_table(table, ["schema"], retry=RETRY, timeout=HTTP_TIMEOUT)
+
+    def set_primary_key(self, name: str, keys: Sequence[str], doing: str) -> None:
+        """The key as a table constraint (BigQuery: not enforced, known to the optimiser) and in
+        the description, which servers without constraints keep."""
+        table = self.table(name, doing)
+        if table is None:
+            raise TerminalError(f"bigquery: {doing}: table {name!r} does not exist")
+        table.description = KEY_NOTE + json.dumps(list(keys))
+        table.table_constraints = bigquery.table.TableConstraints(
+            primary_key=bigquery.table.PrimaryKey(columns=list(keys)), foreign_keys=[]
+        )
+        with translated_errors(doing):
+            self.client.update_table(table, ["description", "table_constraints"], retry=RETRY, timeout=HTTP_TIMEOUT)
+
+    def load(self, name: str, refs: Sequence[str], doing: str) -> None:
+        """One load job appending the staged files `refs` (gs:// URIs, or local paths sent from
+        here as one stream) to table `name`."""
+        config = bigquery.LoadJobConfig(
+            source_format=bigquery.SourceFormat.NEWLINE_DELIMITED_JSON,
+            write_disposition=bigquery.WriteDisposition.WRITE_APPEND,
+            ignore_unknown_values=True,  # keys a chunk holds only nulls for
+        )
+        with translated_errors(doing):
+            if all(ref.startswith("gs://") for ref in refs):
+                job = self.client.load_table_from_uri(
+                    list(refs), self._ref(name), job_config=config, retry=RETRY, timeout=HTTP_TIMEOUT
+                )
+                job.result(retry=RETRY, timeout=JOB_TIMEOUT)
+                return
+            with _joined(refs) as stream:
+                job = self.client.load_table_from_file(stream, self._ref(name), job_config=config, timeout=HTTP_TIMEOUT)
+                job.result(retry=RETRY, timeout=JOB_TIMEOUT)
+
+    def insert_json(
+        self, name: str, rows: Sequence[Mapping[str, Any]], row_ids: Sequence[str] | None, doing: str
+    ) -> None:
+        """The streaming insert. No client-side retry: a row the emulator cannot take answers 500,
+        which the default retry would repeat for 10 minutes; the stream worker retries instead."""
+        with translated_errors(doing):
+            errors = self.client.insert_rows_json(
+                self._ref(name), list(rows), row_ids=row_ids, retry=None, timeout=HTTP_TIMEOUT
+            )
+        if errors:
+            first = errors[0].get("errors", [{}])[0]
+            raise TerminalError(f"bigquery: {doing}: {len(errors)} rows refused: {first.get('message', first)}")
+
+    def drop_table(self, name: str, doing: str) -> None:
+        with translated_errors(doing):
+            self.client.delete_table(self._ref(name), not_found_ok=True, retry=RETRY, timeout=HTTP_TIMEOUT)
+
+
+@contextmanager
+def _joined(paths: Sequence[str]) -> Iterator[Any]:
+    """The staged files as one binary stream: newline-delimited JSON files concatenate."""
+    if len(paths) == 1:
+        with open(paths[0], "rb") as stream:
+            yield stream
+        return
+    with tempfile.TemporaryFile(dir=Path(paths[0]).parent) as joined:
+        for path in paths:
+            with open(path, "rb") as part:
+                shutil.copyfileobj(part, joined)
+        joined.seek(0)
+        yield joined
+
+
+# --- Cloud Storage, on the driver ----------------------------------------------------------------
+
+
+def delete_stage_objects(settings: GoogleSettings, dest_id: str, matches: Callable[[str], bool]) -> None:
+    """Deletes the staged objects of `dest_id` whose job folder name matches."""
+    with translated_errors("deleting staged files", "gcs"):
+        storage = settings.storage()
+        try:
+            bucket = storage.bucket(settings.bucket)
+            for blob in storage.list_blobs(bucket, prefix=f"{GCS_STAGE_FOLDER}/", timeout=HTTP_TIMEOUT):
+                parts = blob.name.split("/")
+                if len(parts) == 4 and parts[2] == dest_id and matches(parts[1]):
+                    blob.delete(timeout=HTTP_TIMEOUT)
+        finally:
+            storage.close()
+
+
+def delete_objects(settings: GoogleSettings, uris: Sequence[str]) -> None:
+    with translated_errors("deleting staged files", "gcs"):
+        storage = settings.storage()
+        try:
+            bucket = storage.bucket(settings.bucket)
+            for uri in uris:
+                with suppress(api_errors.NotFound):  # gone already
+                    bucket.blob(uri.removeprefix(f"gs://{settings.bucket}/")).delete(timeout=HTTP_TIMEOUT)
+        finally:
+            storage.close()
+
+
+def chunk_job(ref: str) -> str:
+    """The job id of a staged file (`.../<job id>/<destination id>/<file>`)."""
+    return PurePosixPath(ref).parent.parent.name
+
+
+# --- bulk copy, on executors -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NdjsonStageTarget:
+    """Picklable: where executors of one job write newline-delimited JSON chunks: objects under
+    `gcs_prefix` of the bucket when `gcs` is set, else files in `folder`."""
+
+    folder: str
+    gcs: GoogleSettings | None = None
+    gcs_prefix: str = ""
+
+    json_lines: ClassVar[bool] = True
+
+    def open(self) -> NdjsonStageWriter:
+        return NdjsonStageWriter(self)
+
+
+class NdjsonStageWriter:
+    """One chunk per file (or object), named at random; a GCS client per task, made on first use."""
+
+    def __init__(self, target: NdjsonStageTarget) -> None:
+        self._target = target
+        self._bucket: Any = None
+        self._storage: Any = None
+
+    def write(self, columns: Mapping[str, DataType], rows: Sequence[Sequence[Any]]) -> StagedChunk:
+        names = list(columns)
+        try:
+            lines = b"".join(orjson.dumps(dict(zip(names, row, strict=True)), default=str) + b"\n" for row in rows)
+        except (TypeError, ValueError) as exc:
+            raise TerminalError(f"bigquery: staging {len(rows)} rows: {exc}") from exc
+        return self.write_json(columns, lines, len(rows))
+
+    def write_json(self, columns: Mapping[str, DataType], lines: bytes | bytearray, rows: int) -> StagedChunk:
+        name = f"{uuid.uuid4().hex}.ndjson"
+        if self._target.gcs is not None:
+            key = f"{self._target.gcs_prefix}/{name}"
+            with translated_errors(f"staging {rows} rows in gs://{self._target.gcs.bucket}/{key}", "gcs"):
+                blob = self._gcs_bucket().blob(key)
+                blob.upload_from_string(bytes(lines), content_type="application/x-ndjson", timeout=HTTP_TIMEOUT)
+            return StagedChunk(f"gs://{self._target.gcs.bucket}/{key}", dict(columns), rows)
+        folder = Path(self._target.folder)
+        path = folder / name
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(lines)
+            tmp.rename(path)
+        except OSError as exc:
+            raise TerminalError(f"bigquery: staging {rows} rows in {folder}: {exc}") from exc
+        return StagedChunk(str(path), dict(columns), rows)
+
+    def _gcs_bucket(self) -> Any:
+        if self._bucket is None:
+            assert self._target.gcs is not None
+            self._storage = self._target.gcs.storage()
+            self._bucket = self._storage.bucket(self._target.gcs.bucket)
+        return self._bucket
+
+    def close(self) -> None:
+        if self._storage is not None:
+            self._storage.close()
+            self._storage = self._bucket = None

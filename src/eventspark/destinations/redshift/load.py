@@ -1,0 +1,337 @@
+"""Redshift: what differs from the shared SQL load (`sql.warehouse.SqlWarehouse`).
+
+Staged values are text in hash-named columns (`client.stage_column`), cast to the target's
+types at commit (`text_value`). Batch, with `s3`: executors upload gzip JSON objects, the commit
+runs one `COPY ... MANIFEST` per pair into a temporary table; without `s3`: executors fill a
+staging table per chunk with multi-row INSERTs. Either way the commit then deletes the stored
+rows whose keys come again (`DELETE ... USING`), inserts the last row of each key
+(ROW_NUMBER() over the order column) and writes the load markers, in one transaction: Redshift has
+no ON CONFLICT and does not enforce primary keys. The stream inserts the same way, with
+parameters.
+
+Every statement here also runs on PostgreSQL 15 (the tests run them there): no ON CONFLICT,
+DISTINCT ON, UNLOGGED, jsonb, advisory locks, savepoints or leader-node-only functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from eventspark.destinations.base import LOADS_TABLE, ORDER_COLUMN, STAGE_PREFIX, DestinationError, Load, TerminalError
+from eventspark.destinations.redshift import s3
+from eventspark.destinations.redshift.capabilities import CAPABILITIES, S3_CAPABILITIES
+from eventspark.destinations.redshift.client import (
+    RedshiftClient,
+    RedshiftStageTarget,
+    conninfo_of,
+    insert_batches,
+    stage_column,
+    stage_defs,
+    stage_text,
+)
+from eventspark.destinations.redshift.configuration import RedshiftDestination
+from eventspark.destinations.redshift.dialect import DIALECT
+from eventspark.destinations.sql import stages
+from eventspark.destinations.sql.statements import load_columns
+from eventspark.destinations.sql.warehouse import SqlClient, SqlWarehouse
+from eventspark.steps.diff import Table
+from eventspark.steps.typing import DataType
+
+log = logging.getLogger(__name__)
+
+_COLUMNS_QUERY = """
+SELECT table_name, column_name, data_type, character_maximum_length, numeric_precision, numeric_scale
+FROM information_schema.columns WHERE table_schema = %s{table}
+ORDER BY table_name, ordinal_position
+"""
+_KEYS_QUERY = """
+SELECT tc.table_name, tc.constraint_name, kcu.column_name
+FROM information_schema.table_constraints tc
+JOIN information_schema.key_column_usage kcu ON kcu.constraint_schema = tc.constraint_schema
+  AND kcu.constraint_name = tc.constraint_name AND kcu.table_name = tc.table_name
+WHERE tc.table_schema = %s AND tc.constraint_type = 'PRIMARY KEY'{table}
+ORDER BY tc.table_name, kcu.ordinal_position
+"""
+_STAGES_QUERY = (
+    "SELECT table_name, '' FROM information_schema.tables WHERE table_schema = %s AND LEFT(table_name, %s) = %s"
+)
+_SIZED = ("character varying", "character")
+
+
+def build(dest_id: str, dest: RedshiftDestination, events_dir: Path) -> RedshiftWarehouse:
+    return RedshiftWarehouse(dest_id, dest)
+
+
+def text_value(column: str, target_sql: str) -> str:
+    """SQL giving staged text `column` (quoted, or a placeholder) as a value of `target_sql`:
+    `true`/`false` count as 1/0 in numbers (a bool column promoted to a number), RFC 3339 text
+    goes through TIMESTAMPTZ so that its offset counts (the session is in UTC)."""
+    target = DIALECT.data_type_of(target_sql)
+    if target is DataType.STRING:
+        return column
+    if target in (DataType.INT64, DataType.FLOAT64):
+        return f"CAST(CASE {column} WHEN 'true' THEN '1' WHEN 'false' THEN '0' ELSE {column} END AS {target_sql})"
+    if target is DataType.TIMESTAMP:
+        return f"CAST(CAST({column} AS TIMESTAMPTZ) AS {target_sql})"
+    return f"CAST({column} AS {target_sql})"
+
+
+def parameter_value(target_sql: str) -> str:
+    """A stream value: a text parameter already in its column's type (`client.stage_text`)."""
+    target = DIALECT.data_type_of(target_sql)
+    if target is DataType.STRING:
+        return "%s"
+    if target is DataType.TIMESTAMP:
+        return f"CAST(CAST(%s AS TIMESTAMPTZ) AS {target_sql})"
+    return f"CAST(%s AS {target_sql})"
+
+
+class RedshiftWarehouse(SqlWarehouse):
+    """A Redshift schema (created when missing), staging through S3 when configured."""
+
+    dialect = DIALECT
+    capabilities = CAPABILITIES
+    MARKER_TABLE = (
+        "CREATE TABLE IF NOT EXISTS {name} (dest_id character varying(1024) NOT NULL, "
+        "file character varying(1024) NOT NULL, table_name character varying(1024) NOT NULL, "
+        "loaded_at timestamp, PRIMARY KEY (dest_id, file, table_name))"
+    )
+    """`loaded_at` is written by the commit: a DEFAULT would need GETDATE() (Redshift only) or
+    CURRENT_TIMESTAMP (leader-node only on Redshift)."""
+
+    def __init__(self, dest_id: str, dest: RedshiftDestination) -> None:
+        super().__init__(dest_id, dest.datasource.schema_ or "public")
+        self.conninfo = conninfo_of(dest)
+        self.s3 = s3.S3Settings.of(dest.s3) if dest.s3 is not None else None
+        if self.s3 is not None:
+            self.capabilities = S3_CAPABILITIES
+
+    def _connect(self) -> RedshiftClient:
+        return RedshiftClient(self.conninfo)
+
+    # --- catalog ------------------------------------------------------------------------------
+
+    def _catalog(self, client: SqlClient, name: str | None) -> tuple[list[Any], list[tuple[str, Sequence[str]]]]:
+        """information_schema, which Redshift and PostgreSQL both have for local tables."""
+        assert isinstance(client, RedshiftClient)
+        where = " AND table_name = %s" if name is not None else ""
+        stored = client.stored_name(name) if name is not None else None
+        args = [self.schema] if stored is None else [self.schema, stored]
+        with client.transaction("reading tables"):
+            found = client.rows(_COLUMNS_QUERY.format(table=where), "reading tables", args)
+            key_where = " AND tc.table_name = %s" if name is not None else ""
+            key_rows = client.rows(_KEYS_QUERY.format(table=key_where), "reading tables", args)
+        as_asked = {stored: name} if name is not None else {}
+        columns = [(as_asked.get(table, table), column, _sql_type(*rest)) for table, column, *rest in found]
+        keys: dict[str, list[str]] = {}
+        for table, _constraint, column in key_rows:
+            keys.setdefault(as_asked.get(table, table), []).append(column)
+        return columns, list(keys.items())
+
+    def _stage_tables(self, client: SqlClient) -> list[tuple[str, str]]:
+        assert isinstance(client, RedshiftClient)
+        args = (self.schema, len(STAGE_PREFIX), STAGE_PREFIX)
+        return client.rows(_STAGES_QUERY, "listing staging tables", args)
+
+    # --- tables -------------------------------------------------------------------------------
+
+    def _key_clause(self, table: str, keys: Sequence[str]) -> str:
+        # EventNative's constraint name: `<schema>_<table>_pk`.
+        constraint = self.dialect.quote(f"{self.schema}_{table}_pk"[:127])
+        return f"CONSTRAINT {constraint} {super()._key_clause(table, keys)}"
+
+    def _key_statements(self, client: SqlClient, table: str, keys: tuple[str, ...]) -> list[str]:
+        """The current key (whatever its name) is replaced (Redshift keys are informational)."""
+        assert isinstance(client, RedshiftClient)
+        query = _KEYS_QUERY.format(table=" AND tc.table_name = %s")
+        args = [self.schema, client.stored_name(table)]
+        current = {c for _t, c, _col in client.rows(query, "reading the primary key", args)}
+        drops = [f"DROP CONSTRAINT {self.dialect.quote(constraint)}" for constraint in sorted(current)]
+        return [
+            f"ALTER TABLE {self.name(table)} {clause}" for clause in [*drops, f"ADD {self._key_clause(table, keys)}"]
+        ]
+
+    def _add_column(self, client: SqlClient, table: str, column: str, sql_type: str, doing: str) -> None:
+        """No `ADD COLUMN IF NOT EXISTS` and no savepoints: a failed ALTER would abort the patch's
+        transaction, so a column another node added first is looked up before, not caught after."""
+        current = self._catalog(client, table)[0]
+        if any(c == column for _t, c, _type in current):
+            return
+        super()._add_column(client, table, column, sql_type, doing)
+
+    def _is_duplicate_column(self, exc: TerminalError) -> bool:
+        cause = exc.__cause__
+        return getattr(cause, "sqlstate", None) == "42701" or "already exists" in str(exc)
+
+    # --- batch --------------------------------------------------------------------------------
+
+    def stage_target(self, job_id: str, pass_bytes: int = 0) -> RedshiftStageTarget | s3.S3StageTarget:
+        if self.s3 is not None:
+            return s3.S3StageTarget(self.s3, job_id, self.dest_id)
+        self._connection()  # the schema must exist before executors create tables in it
+        return RedshiftStageTarget(self.conninfo, self.schema, job_id)
+
+    def commit(self, load: Load) -> None:
+        """Copy, markers (with their time) and staging-table drops in one transaction; staged S3
+        objects are deleted after it (a failure there loses nothing: drop_stale_stages retries)."""
+        doing = f"loading table {load.table.name!r}"
+        with self._session() as client, client.transaction(doing):
+            self._copy(client, load, doing)
+            if load.files:
+                client.execute(self._marker_insert(load), doing)
+            if self.s3 is None:
+                self._drop_chunks(client, load.chunks, doing)
+        if self.s3 is not None and load.chunks:
+            self._discard_objects(load)
+
+    def _marker_insert(self, load: Load) -> str:
+        lit = self.literal
+        at = f"CAST({lit(datetime.now(UTC).replace(tzinfo=None).isoformat())} AS timestamp)"
+        rows = ", ".join(f"({lit(load.dest_id)}, {lit(f)}, {lit(load.table.name)}, {at})" for f in load.files)
+        return f"INSERT INTO {self.name(LOADS_TABLE)} (dest_id, file, table_name, loaded_at) VALUES {rows}"
+
+    def _copy(self, client: SqlClient, load: Load, doing: str) -> None:
+        assert isinstance(client, RedshiftClient)
+        if not load.chunks:
+            return
+        if self.s3 is None:
+            sources = [(self.name(c.ref), c.columns.keys()) for c in load.chunks]
+            for statement in self.move_statements(load, sources):
+                client.execute(statement, doing)
+            return
+        # One temporary table for the pair, one COPY of every object into it.
+        staging = self.dialect.quote(f"{STAGE_PREFIX}copy_{uuid.uuid4().hex[:16]}")
+        present = {c: None for chunk in load.chunks for c in chunk.columns}
+        client.execute(f"CREATE TEMPORARY TABLE {staging} ({stage_defs(present)})", doing)
+        key = self._upload_manifest(load)
+        self._copy_from_s3(client, staging, key, doing)
+        for statement in self.move_statements(load, [(staging, present.keys())]):
+            client.execute(statement, doing)
+        client.execute(f"DROP TABLE {staging}", doing)
+
+    def _upload_manifest(self, load: Load) -> str:
+        assert self.s3 is not None
+        key = s3.manifest_key(load.chunks)
+        with s3.translated_errors(f"writing the manifest {self.s3.url(key)}"):
+            self.s3.client().put_object(Bucket=self.s3.bucket, Key=key, Body=s3.manifest(self.s3, load.chunks))
+        return key
+
+    def _copy_from_s3(self, client: RedshiftClient, staging: str, manifest_key: str, doing: str) -> None:
+        """The server-side step: Redshift reads the manifest's objects into `staging`. (The tests
+        replace this method only: no emulator runs a COPY from S3.)"""
+        assert self.s3 is not None
+        credentials = self.s3.credentials()
+        statement = s3.copy_statement(staging, self.s3.url(manifest_key), credentials, self.s3.region)
+        try:
+            client.execute(statement, doing)
+        except DestinationError as exc:  # keep the keys out of messages, whatever the server echoes
+            message = str(exc)
+            for secret in (credentials.secret_access_key, credentials.session_token):
+                if secret:
+                    message = message.replace(secret, "***")
+            raise type(exc)(message) from None
+
+    def move_statements(self, load: Load, sources: Sequence[tuple[str, Collection[str]]]) -> list[str]:
+        """The statements moving staged rows into the target: `sources` are (staging table,
+        columns it has). Without a key one INSERT ... SELECT per source; with one, a DELETE ...
+        USING per source of the stored rows whose keys come again, then one INSERT of the last
+        row of each key (ROW_NUMBER() over the order column, named like it in the subquery: no
+        user column can take that name)."""
+        quote = self.dialect.quote
+        columns = load_columns(load)
+        target = self.name(load.table.name)
+        names = ", ".join(quote(c) for c in columns)
+        keys = load.table.primary_keys
+
+        def value(source: str, column: str, present: Collection[str]) -> str:
+            target_sql = load.table.columns[column]
+            if column not in present:
+                return f"CAST(NULL AS {target_sql})"
+            return text_value(f"{source}.{quote(stage_column(column))}", target_sql)
+
+        def select(source: str, present: Collection[str], ordered: bool) -> str:
+            exprs = [f"{value(source, c, present)} AS {quote(c)}" for c in columns]
+            if ordered:
+                order = quote(ORDER_COLUMN)
+                exprs.append(f"{source}.{order} AS {order}" if ORDER_COLUMN in present else f"0 AS {order}")
+            return f"SELECT {', '.join(exprs)} FROM {source}"
+
+        if not keys:
+            return [f"INSERT INTO {target} ({names}) {select(s, p, False)}" for s, p in sources]
+        deletes = [
+            f"DELETE FROM {target} USING {s} WHERE "
+            + " AND ".join(f"{target}.{quote(k)} = {value(s, k, p)}" for k in keys)
+            for s, p in sources
+        ]
+        union = " UNION ALL ".join(select(s, p, True) for s, p in sources)
+        order = quote(ORDER_COLUMN)
+        partition = ", ".join(f"s.{quote(k)}" for k in keys)
+        ranked = (
+            f"SELECT {', '.join(f's.{quote(c)}' for c in columns)}, "
+            f"ROW_NUMBER() OVER (PARTITION BY {partition} ORDER BY s.{order} DESC) AS {order} FROM ({union}) AS s"
+        )
+        return [*deletes, f"INSERT INTO {target} ({names}) SELECT {names} FROM ({ranked}) AS d WHERE d.{order} = 1"]
+
+    def _discard_objects(self, load: Load) -> None:
+        assert self.s3 is not None
+        keys = [c.ref for c in load.chunks] + [s3.manifest_key(load.chunks)]
+        try:
+            with s3.translated_errors("deleting staged objects"):
+                s3.delete_keys(self.s3.client(), self.s3.bucket, keys)
+        except DestinationError as exc:
+            log.warning("redshift: could not delete staged objects: %s", exc)
+
+    def _drop_stages_where(self, test: Callable[[str], Callable[[str], bool]]) -> None:
+        """S3 objects of the matching jobs (with `s3`), and staging tables (without it, or left
+        from before it was configured)."""
+        if self.s3 is not None:
+            s3.drop_job_stages(self.s3, self.dest_id, test(""))
+        doing = "dropping staging tables"
+        with self._session() as client:
+            for name, engine in self._stage_tables(client):
+                job = stages.stage_job(name)
+                if job is not None and test(engine)(job):
+                    client.execute(f"DROP TABLE IF EXISTS {self.name(name)}", doing)
+
+    # --- stream -------------------------------------------------------------------------------
+
+    def _insert_rows(
+        self, client: SqlClient, table: Table, columns: Sequence[str], rows: Sequence[Mapping[str, Any]], doing: str
+    ) -> None:
+        """With a key, one DELETE of the stored rows with the new rows' keys; then multi-row
+        INSERTs, every value a text parameter cast to its column's type (`parameter_value`)."""
+        assert isinstance(client, RedshiftClient)
+        quote = self.dialect.quote
+        target = self.name(table.name).replace("%", "%%")
+        types = {c: self.dialect.data_type_of(table.columns[c]) or DataType.STRING for c in columns}
+        keys = table.primary_keys
+        if keys:
+            key_rows = [[stage_text(row.get(k), types.get(k) or DataType.STRING) for k in keys] for row in rows]
+            match = " AND ".join(f"{quote(k).replace('%', '%%')} = {parameter_value(table.columns[k])}" for k in keys)
+            head = f"DELETE FROM {target} WHERE "
+            per = max(1, 30_000 // len(keys))
+            for start in range(0, len(key_rows), per):
+                batch = key_rows[start : start + per]
+                condition = " OR ".join([f"({match})"] * len(batch))
+                client.execute(head + condition, doing, [v for row in batch for v in row])
+        names = ", ".join(quote(c) for c in columns).replace("%", "%%")
+        row_sql = "(" + ", ".join(parameter_value(table.columns[c]) for c in columns) + ")"
+        values = [[stage_text(row.get(c), types[c]) for c in columns] for row in rows]
+        for statement, params in insert_batches(
+            f"INSERT INTO {target} ({names}) VALUES ", len(columns), values, row_sql
+        ):
+            client.execute(statement, doing, params)
+
+
+def _sql_type(data_type: str, length: int | None, precision: int | None, scale: int | None) -> str:
+    """The column type as written in DDL, from information_schema's parts."""
+    if data_type in _SIZED and length is not None:
+        return f"{data_type}({length})"
+    if data_type == "numeric" and precision is not None:
+        return f"numeric({precision},{scale or 0})"
+    return data_type
