@@ -22,14 +22,42 @@ PINS=(bqemulator==1.4.0 duckdb==1.5.5 duckdb-extension-spatial==1.5.5 duckdb-ext
     google-cloud-bigquery==3.47.0)
 
 install_bqemulator() {
-    [ -f "$CACHE/installed" ] && [ "$(cat "$CACHE/installed")" = "${PINS[*]}" ] && return 0
+    [ -f "$CACHE/installed" ] && [ "$(cat "$CACHE/installed")" = "${PINS[*]} +unicode-table-ids" ] && return 0
     mkdir -p "$CACHE" "$EMU_HOME"
     [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV" >&2
     "$VENV/bin/python" -m pip install -q "${PINS[@]}" >&2
     # The emulator cannot start unless DuckDB's spatial extension loads, and offline it cannot be
     # downloaded: install the one from PyPI into $HOME/.duckdb, the HOME the emulator runs with.
     HOME=$EMU_HOME "$VENV/bin/python" -c "import duckdb_extensions; duckdb_extensions.import_extension('spatial')" >&2
-    echo "${PINS[*]}" >"$CACHE/installed"
+    widen_table_ids
+    echo "${PINS[*]} +unicode-table-ids" >"$CACHE/installed"
+}
+
+# bqemulator takes table ids of [A-Za-z0-9_-] only, where BigQuery also takes Unicode letters,
+# marks and numbers (`ünïcödé_tàble`, as eventspark's contract tests create): widen its two
+# patterns to Python's Unicode \w, which still refuses quotes, spaces and every SQL-dangerous byte.
+widen_table_ids() {
+    "$VENV/bin/python" - <<'EOF_PY'
+import pathlib
+
+import bqemulator
+
+root = pathlib.Path(bqemulator.__file__).parent
+for rel, old, new in [
+    ("domain/ids.py", r'_TABLE_RE = re.compile(r"^[A-Za-z0-9_\-]{1,1024}$")', r'_TABLE_RE = re.compile(r"^[\w\-]{1,1024}$")'),
+    (
+        "storage/sql_identifiers.py",
+        r'_SQL_SAFE_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,254}$")',
+        r'_SQL_SAFE_ID_RE = re.compile(r"^\w[\w\-]{0,254}$")',
+    ),
+]:
+    path = root / rel
+    text = path.read_text()
+    if old in text:
+        path.write_text(text.replace(old, new))
+    elif new not in text:
+        raise SystemExit(f"bqemulator changed: {rel} lacks the table id pattern to widen")
+EOF_PY
 }
 
 answers() {

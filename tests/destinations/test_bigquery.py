@@ -8,13 +8,21 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from eventspark.destinations.base import LOADS_TABLE, STAGE_PREFIX, Load, TerminalError, TransientError
+from eventspark.destinations.base import (
+    LOADS_TABLE,
+    STAGE_PREFIX,
+    Load,
+    TerminalError,
+    TransientError,
+    new_job_id,
+)
 from eventspark.destinations.bigquery.client import GCS_STAGE_FOLDER, key_of
 from eventspark.destinations.bigquery.configuration import BigQueryDestination
 from eventspark.destinations.bigquery.dialect import DIALECT, field_type, sql_type
@@ -208,6 +216,80 @@ def test_unreachable_endpoint_is_transient(bq_dataset: str, tmp_path: Path) -> N
     adapter = build("bq", _destination(block), tmp_path)
     with pytest.raises(TransientError, match="bigquery: creating dataset"):
         adapter.read_tables()
+
+
+def test_read_tables_reads_every_table_with_its_key(adapter: BigQueryWarehouse) -> None:
+    for i in range(12):
+        keys = ("id",) if i % 2 else None
+        adapter.patch(
+            TablePatch(f"t{i}", create=True, add_columns={"id": "STRING", f"c{i}": "INTEGER"}, primary_keys=keys)
+        )
+    tables = adapter.read_tables()
+    assert sorted(tables) == sorted(f"t{i}" for i in range(12))
+    for i in range(12):
+        assert tables[f"t{i}"].columns == {"id": "STRING", f"c{i}": "INTEGER"}
+        assert tables[f"t{i}"].primary_keys == (("id",) if i % 2 else ())
+
+
+def test_stale_staging_tables_and_objects_of_a_killed_commit_are_dropped(
+    adapter: BigQueryWarehouse, bigquery_emulator: BigQueryEmulator, bq_dataset: str
+) -> None:
+    """A commit killed after its load job leaves a staging table (and the staged objects): a
+    later pass drops those of jobs older than its limit, and keeps the others."""
+    old, recent = new_job_id(time.time() - 7200), new_job_id(time.time())
+    adapter.read_tables()  # creates the dataset
+    client = bigquery_emulator.bigquery()
+    try:
+        for job in (old, recent):
+            client.query(f"CREATE TABLE `{bq_dataset}`.`{STAGE_PREFIX}{job}_x` (n INT64)").result()
+    finally:
+        client.close()
+    chunks = {job: AdapterContract().stage(adapter, job, {"n": INT}, [[1]]) for job in (old, recent)}
+    adapter.drop_stale_stages(time.time() - 3600)
+    client = bigquery_emulator.bigquery()
+    try:
+        left = {t.table_id for t in client.list_tables(bq_dataset)}
+    finally:
+        client.close()
+    assert left == {LOADS_TABLE, f"{STAGE_PREFIX}{recent}_x"}
+    storage = bigquery_emulator.storage()
+    try:
+        objects = {f"gs://{bigquery_emulator.bucket}/{b.name}" for b in storage.list_blobs(bigquery_emulator.bucket)}
+    finally:
+        storage.close()
+    assert chunks[recent].ref in objects and chunks[old].ref not in objects
+    adapter.drop_stages(recent)
+    storage = bigquery_emulator.storage()
+    try:
+        assert chunks[recent].ref.split("/", 3)[3] not in {b.name for b in storage.list_blobs(bigquery_emulator.bucket)}
+    finally:
+        storage.close()
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["merge", "insert_rows_json"])
+def test_stream_insert_keeps_every_type_and_hostile_text(
+    adapter: BigQueryWarehouse, bigquery_emulator: BigQueryEmulator, bq_dataset: str, keyed: bool
+) -> None:
+    columns = {"id": S, "b": B, "n": INT, "f": F, "t": T, "s": S}
+    target = AdapterContract().create(adapter, "h", columns, keys=("id",) if keyed else ())
+    text = "line\nbreak 'quote' \"dq\" `bt` \\ ünï 😀 %s"
+    rows = [
+        {
+            "eventn_ctx_event_id": "e1",
+            "id": "a",
+            "b": True,
+            "n": 2**53 + 1,
+            "f": 0.1,
+            "t": "2026-11-01T10:00:00.5+02:00",
+            "s": text,
+        },
+        {"eventn_ctx_event_id": "e2", "id": "b", "b": None, "n": None, "f": None, "t": None, "s": None},
+    ]
+    adapter.insert(target, [{k: v for k, v in row.items() if k in columns} for row in rows])
+    got = _query(bigquery_emulator, f"SELECT id, b, n, f, CAST(t AS STRING), s FROM `{bq_dataset}`.h ORDER BY id")
+    assert got[1] == ("b", None, None, None, None, None)
+    assert got[0][:4] == ("a", True, 2**53 + 1, 0.1) and got[0][5] == text
+    assert got[0][4].startswith("2026-11-01 08:00:00.5")
 
 
 # --- exactly once: interrupted between stage and commit -----------------------------------------

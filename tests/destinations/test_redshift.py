@@ -308,6 +308,11 @@ def test_settings_keep_secrets_out_of_reprs_and_fall_back_to_the_aws_chain(monke
     )
     assert "SEKRET" not in repr(settings) and "AKID1" not in repr(settings)
     assert "SEKRET" not in repr(settings.credentials())
+    assert "SEKRET" not in repr(s3.S3StageTarget(settings, "job", "rs"))
+    with_password = RedshiftWarehouse("rs", destination({"db": "x", "password": "PASSW0RD"}))
+    from eventspark.destinations.redshift.client import RedshiftStageTarget
+
+    assert "PASSW0RD" not in repr(RedshiftStageTarget(with_password.conninfo, "s", "job"))
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ENVKEY")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ENVSECRET")
     chain = s3.S3Settings.of(destination({"db": "x"}, {"bucket": "b"}).s3).credentials()  # type: ignore[arg-type]
@@ -486,3 +491,73 @@ def test_batch_through_s3_crash_and_rerun_leave_each_event_once(
     cleaner.drop_stale_stages(time.time() + 1)
     cleaner.close()
     assert keys_in(moto_s3, s3_bucket) == []
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("point", ["staged", "committed"])
+def test_batch_through_staging_tables_crash_and_rerun_leave_each_event_once(
+    spark: Any, tmp_path: Path, pg_datasource: dict[str, Any], point: str
+) -> None:
+    from eventspark.batch.process import run_pass
+    from eventspark.coordination import MemoryCoordination
+    from tests.batch.helpers import event, make_config, pg_rows, put_log
+
+    config = redshift_config(pg_datasource, table_name_template="t")
+    config["data_layout"]["primary_key_fields"] = ["eventn_ctx_event_id"]
+    loaded = make_config(tmp_path, {"rs": config})
+    log = put_log(tmp_path, [event(str(i % 15), n=i) for i in range(20)])
+
+    def crash(at: str) -> None:
+        if at == point:
+            raise SystemExit(f"crash at {at}")
+
+    with pytest.raises(SystemExit):
+        run_pass(loaded, MemoryCoordination("t"), fault=crash, session=spark)
+    assert log.exists()
+    assert run_pass(loaded, MemoryCoordination("t"), session=spark).ok and not log.exists()
+
+    schema = pg_datasource["schema"]
+    assert pg_rows(schema, "SELECT eventn_ctx_event_id, n FROM t ORDER BY n") == [
+        (str(i % 15), i) for i in range(5, 20)
+    ]
+    cleaner = RedshiftWarehouse("rs", destination(pg_datasource))
+    cleaner.drop_stale_stages(time.time() + 1)  # what a killed job left, as a pass does after a day
+    cleaner.close()
+    tables = pg_rows(schema, f"SELECT tablename FROM pg_tables WHERE schemaname = '{schema}' ORDER BY 1")
+    assert tables == [("_eventspark_loads",), ("t",)]
+
+
+def test_upserts_on_a_two_column_key_in_batch_and_stream(pg_datasource: dict[str, Any]) -> None:
+    adapter = RedshiftWarehouse("rs", destination(pg_datasource))
+    try:
+        contract = TestRedshiftAdapter()
+        target = contract.create(adapter, "k2", {"a": S, "b": INT, "v": S}, keys=("a", "b"))
+        columns = {"a": S, "b": INT, "v": S, ORDER_COLUMN: INT}
+        chunk = contract.stage(adapter, "jobk", columns, [["x", 1, "old", 1], ["x", 2, "keep", 2], ["x", 1, "new", 3]])
+        adapter.commit(Load("d", target, [chunk], ["l1"], ordered=True))
+        adapter.insert(target, [{"a": "x", "b": 2, "v": "streamed"}, {"a": "y", "b": 1, "v": "added"}])
+        rows = pg(f"SELECT a, b, v FROM {contract.name(adapter, 'k2')} ORDER BY a, b")
+        assert rows == [("x", 1, "new"), ("x", 2, "streamed"), ("y", 1, "added")]
+    finally:
+        adapter.close()
+
+
+def test_nodes_connecting_at_once_all_prepare_the_schema(pg_datasource: dict[str, Any]) -> None:
+    """No advisory lock on Redshift: the loser of a race on CREATE ... IF NOT EXISTS prepares again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    adapters = [RedshiftWarehouse(f"rs{i}", destination(pg_datasource)) for i in range(6)]
+    try:
+        with ThreadPoolExecutor(len(adapters)) as pool:
+            assert list(pool.map(lambda a: a.read_tables(), adapters)) == [{}] * len(adapters)
+    finally:
+        for adapter in adapters:
+            adapter.close()
+
+
+def test_an_unreachable_s3_endpoint_is_transient(pg_datasource: dict[str, Any]) -> None:
+    block = {**s3_block("http://127.0.0.1:1", "some-bucket")}
+    adapter = RedshiftWarehouse("rs", destination(pg_datasource, block))
+    writer = adapter.stage_target("jobu").open()
+    with pytest.raises(TransientError, match="staging 1 rows"):
+        writer.write({"n": INT}, [[1]])

@@ -303,7 +303,9 @@ class DuckDBWarehouse(Warehouse):
 def _cloud_warehouses() -> list[type[Warehouse]]:
     """The warehouses of the cloud types, each in its own module (tests/destinations/<type>_warehouse.py)."""
     found: list[type[Warehouse]] = []
-    # snowflake
+    from tests.destinations.snowflake_warehouse import SnowflakeWarehouse
+
+    found.append(SnowflakeWarehouse)
     from tests.destinations.bigquery_warehouse import BigQueryWarehouse
 
     found.append(BigQueryWarehouse)

@@ -194,7 +194,11 @@ class DestinationType:
         return adapter
 
     def require_driver(self) -> None:
-        if self.driver is not None and importlib.util.find_spec(self.driver) is None:
+        try:
+            missing = self.driver is not None and importlib.util.find_spec(self.driver) is None
+        except ModuleNotFoundError:  # a dotted driver (google.cloud.bigquery) whose parent is missing
+            missing = True
+        if missing:
             raise TerminalError(
                 f"destination type {self.name!r} needs the {self.driver!r} package: "
                 f"pip install 'eventspark[{self.extra}]'"

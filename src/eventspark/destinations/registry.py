@@ -19,7 +19,7 @@ PACKAGES = (
     "duckdb",
     "clickhouse",
     "mysql",
-    # snowflake
+    "snowflake",
     "bigquery",
     "redshift",
 )

@@ -73,18 +73,21 @@ class GoogleSettings:
         return AnonymousCredentials() if endpoint else None  # type: ignore[no-untyped-call]
 
     def bigquery(self) -> bigquery.Client:
+        credentials = self.credentials(self.bq_endpoint)
         options = ClientOptions(api_endpoint=self.bq_endpoint) if self.bq_endpoint else None
-        return bigquery.Client(
-            project=self.project or None, credentials=self.credentials(self.bq_endpoint), client_options=options
-        )
+        return bigquery.Client(project=self._project(credentials), credentials=credentials, client_options=options)
 
     def storage(self) -> Any:
         from google.cloud import storage
 
+        credentials = self.credentials(self.gcs_endpoint)
         options = {"api_endpoint": self.gcs_endpoint} if self.gcs_endpoint else None
-        return storage.Client(
-            project=self.project or None, credentials=self.credentials(self.gcs_endpoint), client_options=options
-        )
+        return storage.Client(project=self._project(credentials), credentials=credentials, client_options=options)
+
+    def _project(self, credentials: Credentials | None) -> str | None:
+        """`bq_project`, else the key's project (a key file's is known once read), else None:
+        the environment's default project."""
+        return self.project or getattr(credentials, "project_id", None) or None
 
 
 def key_of(key_file: str | Mapping[str, Any]) -> tuple[str, Mapping[str, Any] | None]:
@@ -127,7 +130,7 @@ def translated_errors(doing: str, service: str = "bigquery") -> Iterator[None]:
         raise TransientError(f"{service}: {doing}: {type(exc).__name__}: {_first_line(exc)}") from exc
     except auth_errors.GoogleAuthError as exc:
         raise TerminalError(f"{service}: {doing}: {type(exc).__name__}: {_first_line(exc)}") from exc
-    except (OSError, ValueError) as exc:  # a staged file gone, a value the client cannot encode
+    except (OSError, ValueError, TypeError) as exc:  # a staged file gone, a value the client cannot encode
         raise TerminalError(f"{service}: {doing}: {type(exc).__name__}: {_first_line(exc)}") from exc
 
 
@@ -278,7 +281,11 @@ class BigQueryClient:
         which the default retry would repeat for 10 minutes; the stream worker retries instead."""
         with translated_errors(doing):
             errors = self.client.insert_rows_json(
-                self._ref(name), list(rows), row_ids=row_ids, retry=None, timeout=HTTP_TIMEOUT
+                self._ref(name),
+                list(rows),
+                row_ids=bigquery.AutoRowIDs.GENERATE_UUID if row_ids is None else row_ids,
+                retry=None,
+                timeout=HTTP_TIMEOUT,
             )
         if errors:
             first = errors[0].get("errors", [{}])[0]

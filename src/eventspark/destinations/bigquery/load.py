@@ -19,6 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -60,6 +61,8 @@ log = logging.getLogger(__name__)
 
 EVENT_ID = "eventn_ctx_event_id"
 """The column whose value is a streamed row's insert id (BigQuery drops a repeated id)."""
+CATALOG_THREADS = 8
+"""Tables read at once by `read_tables`."""
 _EXPIRES = "expiration_timestamp = TIMESTAMP_ADD(CURRENT_TIMESTAMP(), INTERVAL 24 HOUR)"
 """Staging tables expire a day after their creation."""
 
@@ -112,14 +115,16 @@ class BigQueryWarehouse(SqlWarehouse):
         return [self.MARKER_TABLE.format(name=self.name(LOADS_TABLE))]
 
     def _catalog(self, client: SqlClient, name: str | None) -> tuple[list[Any], list[tuple[str, Sequence[str]]]]:
-        """From the tables API (one call per table): its schema uses the names of `DIALECT.types`."""
+        """From the tables API, whose schemas use the names of `DIALECT.types`: one call per
+        table, a few at a time (a pass reads every table of the dataset)."""
         assert isinstance(client, BigQueryClient)
         doing = "reading tables"
         names = [name] if name is not None else [t for t in client.table_names(doing) if self._is_user_table(t)]
+        with ThreadPoolExecutor(max_workers=min(CATALOG_THREADS, len(names) or 1)) as pool:
+            found = list(pool.map(lambda table_name: client.table(table_name, doing), names))
         columns: list[tuple[str, str, str]] = []
         keys: list[tuple[str, Sequence[str]]] = []
-        for table_name in names:
-            table = client.table(table_name, doing)
+        for table_name, table in zip(names, found, strict=True):
             if table is None:
                 continue
             for f in table.schema:

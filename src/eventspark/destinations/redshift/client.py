@@ -1,6 +1,6 @@
 """Redshift client (psycopg 3: Redshift speaks the PostgreSQL wire protocol): connections,
-statements, error classification, and the staging executors do without S3 (multi-row INSERTs
-into staging tables).
+statements, error classification, and how executors stage chunks without S3 (a staging table
+per chunk, filled with multi-row INSERTs; with S3 see `s3.py`).
 
 Every staged value is text (`stage_text`), in columns named after a hash of the column's name
 (`stage_column`): one staging table, or one JSON object per row on S3, takes chunks of any column
@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, ClassVar
 
@@ -168,7 +168,7 @@ def insert_batches(
 class RedshiftStageTarget:
     """Picklable: what an executor needs to write staging tables of one job."""
 
-    conninfo: str
+    conninfo: str = field(repr=False)  # holds the password
     schema: str
     job_id: str
 

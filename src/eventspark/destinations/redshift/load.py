@@ -114,6 +114,18 @@ class RedshiftWarehouse(SqlWarehouse):
     def _connect(self) -> RedshiftClient:
         return RedshiftClient(self.conninfo)
 
+    def _connection(self) -> SqlClient:
+        """Without advisory locks, nodes connecting at once may race on `CREATE ... IF NOT
+        EXISTS` of the schema or the marker table (a unique violation in the catalog): the loser
+        prepares again, and finds them (the schema, then the table: up to three attempts)."""
+        for _attempt in range(2):
+            try:
+                return super()._connection()
+            except TerminalError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != "23505":
+                    raise
+        return super()._connection()
+
     # --- catalog ------------------------------------------------------------------------------
 
     def _catalog(self, client: SqlClient, name: str | None) -> tuple[list[Any], list[tuple[str, Sequence[str]]]]:
