@@ -16,13 +16,14 @@ set -euo pipefail
 CACHE=${EVENTSPARK_CACHE:-$HOME/.cache/eventspark}/bqemulator
 VENV=$CACHE/venv
 EMU_HOME=$CACHE/home
-PYTHON=${PYTHON:-python3.11}
+PYTHON=${PYTHON:-python3}  # the tests pass their own interpreter
 # ../shared/emulators.md section 2: the versions found to work offline on this machine.
 PINS=(bqemulator==1.4.0 duckdb==1.5.5 duckdb-extension-spatial==1.5.5 duckdb-extensions==1.5.5 numpy
     google-cloud-bigquery==3.47.0)
 
 install_bqemulator() {
-    [ -f "$CACHE/installed" ] && [ "$(cat "$CACHE/installed")" = "${PINS[*]} +unicode-table-ids" ] && return 0
+    [ -x "$VENV/bin/bqemulator" ] && [ -f "$CACHE/installed" ] \
+        && [ "$(cat "$CACHE/installed")" = "${PINS[*]} +unicode-table-ids" ] && return 0
     mkdir -p "$CACHE" "$EMU_HOME"
     [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV" >&2
     "$VENV/bin/python" -m pip install -q "${PINS[@]}" >&2

@@ -43,7 +43,7 @@ class SnowflakeWarehouse(_Proxied):
             "port": port,
             "protocol": "http",
             # Fail fast while the proxy is down (the connector retries until these run out).
-            "parameters": {"login_timeout": "2", "network_timeout": "2"} if interruptible else {},
+            "parameters": {"login_timeout": "1", "network_timeout": "0.5"} if interruptible else {},
         }
         return {"type": "snowflake", "mode": mode, "snowflake": block, "data_layout": layout}
 

@@ -307,7 +307,7 @@ def _config(root: Path, emulator: BigQueryEmulator, dataset: str, template: str,
 
     block = emulator.google_block(dataset, gcs=gcs)
     dest = {"type": "bigquery", "google": block, "data_layout": {"table_name_template": template, **layout}}
-    return make_config(root, {"bq": dest})
+    return make_config(root, {"bq_pass": dest})  # staged objects: .../<job>/bq_pass/...
 
 
 @pytest.mark.spark
@@ -345,7 +345,9 @@ def test_crash_after_the_stage_or_the_commit_then_rerun_loads_every_event_once(
     assert not [p for p in (tmp_path / "events" / "staging").rglob("*") if p.is_file()]
     storage = bigquery_emulator.storage()
     try:
-        assert [b.name for b in storage.list_blobs(bigquery_emulator.bucket, prefix=f"{GCS_STAGE_FOLDER}/")] == []
+        # (the bucket is the session's: other tests' dest_id is `bq`)
+        objects = [b.name for b in storage.list_blobs(bigquery_emulator.bucket, prefix=f"{GCS_STAGE_FOLDER}/")]
+        assert [name for name in objects if name.split("/")[2] == "bq_pass"] == []
     finally:
         storage.close()
     client = bigquery_emulator.bigquery()

@@ -12,7 +12,9 @@ A missing or broken emulator fails the tests that need it, with the reason.
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -116,6 +118,7 @@ def bigquery_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BigQ
             text=True,
             timeout=600,  # the first run installs bqemulator into its venv
             check=False,
+            env={**os.environ, "PYTHON": sys.executable},  # builds the emulator's venv
         )
         if started.returncode != 0:
             pytest.fail(f"scripts/bqemulator.sh could not start the emulator:\n{started.stderr[-3000:]}", pytrace=False)

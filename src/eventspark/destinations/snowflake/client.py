@@ -74,7 +74,25 @@ class ConnectSettings:
         for key, value in (("warehouse", self.warehouse), ("host", self.host), ("port", self.port)):
             if value:
                 kwargs[key] = value
-        return snowflake.connector.connect(**kwargs)
+        conn = snowflake.connector.connect(**kwargs)
+        _cancel_quietly(conn)
+        return conn
+
+
+def _cancel_quietly(conn: Any) -> None:
+    """A statement still running after `network_timeout` is cancelled from a timer thread; when the
+    server cannot be reached the cancel fails too, and its exception would escape that thread
+    (an unhandled-thread traceback per statement during an outage). The statement itself fails
+    with the connector's OperationalError all the same, so the cancel's failure is dropped."""
+    cancel = conn._cancel_query
+
+    def cancel_or_give_up(sql: str, request_id: Any) -> Any:
+        try:
+            return cancel(sql, request_id)
+        except sf_errors.Error:
+            return {}
+
+    conn._cancel_query = cancel_or_give_up
 
 
 def settings_of(dest: SnowflakeDestination, schema: str) -> ConnectSettings:

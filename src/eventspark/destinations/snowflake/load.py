@@ -153,17 +153,20 @@ class SnowflakeWarehouse(SqlWarehouse):
         """INSERT (DELETE + INSERT with a key) of the staged rows, converted to the target's types."""
         columns = load_columns(load)
         target = load.table
+        quote = self.dialect.quote
 
         def value(c: str) -> str:
             return _typed(f"v[{self.literal(c)}]::VARCHAR", target.columns[c])
 
-        source = f"SELECT {_select_list(columns, value, self.dialect.quote)} FROM {self.name(staging)}"
-        names = ", ".join(self.dialect.quote(c) for c in columns)
+        select = _select_list(columns, value, quote)
+        names = ", ".join(quote(c) for c in columns)
         keys = target.primary_keys
         if not keys:
-            return [f"INSERT INTO {self.name(target.name)} ({names}) {source}"]
-        order = f"CAST(v[{self.literal(ORDER_COLUMN)}]::VARCHAR AS NUMBER)" if load.ordered else "1"
-        partition = ", ".join(self.dialect.quote(k) for k in keys)
+            return [f"INSERT INTO {self.name(target.name)} ({names}) SELECT {select} FROM {self.name(staging)}"]
+        order = quote(ORDER_COLUMN)
+        seq = f"CAST(v[{self.literal(ORDER_COLUMN)}]::VARCHAR AS NUMBER)" if load.ordered else "0"
+        source = f"SELECT {select}, {seq} AS {order} FROM {self.name(staging)}"
+        partition = ", ".join(quote(k) for k in keys)
         rank = f"ROW_NUMBER() OVER (PARTITION BY {partition} ORDER BY {order} DESC)"
         return self._replace(target, columns, f"SELECT {names} FROM ({source}) QUALIFY {rank} = 1", source)
 
