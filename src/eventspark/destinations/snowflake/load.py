@@ -106,6 +106,13 @@ class SnowflakeWarehouse(SqlWarehouse):
         )
         return [(logical_name(t), "") for (t,) in found]
 
+    def _key_statements(self, client: SqlClient, table: str, keys: tuple[str, ...]) -> list[str]:
+        """A table without a primary key gets one (Snowflake records it, does not enforce it)."""
+        current = self._read(table).get(table)
+        if current is not None and current.primary_keys:
+            raise TerminalError(f"snowflake: table {table!r} has a primary key; it cannot change")
+        return [f"ALTER TABLE {self.name(table)} ADD PRIMARY KEY ({', '.join(self.dialect.quote(k) for k in keys)})"]
+
     # --- batch --------------------------------------------------------------------------------
 
     def stage_target(self, job_id: str, pass_bytes: int = 0) -> SnowflakeStageTarget:
