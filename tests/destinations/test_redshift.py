@@ -680,6 +680,9 @@ def test_every_statement_sent_is_one_redshift_has(recorder: StatementRecorder, p
     found = {what: [s for s in sent if pattern.search(s)] for what, pattern in NOT_ON_REDSHIFT.items()}
     assert {what: found[what][:2] for what in found if found[what]} == {}
     quoted = f'"{pg_datasource["schema"]}"."t"'
+    assert sent.count(f"LOCK TABLE {quoted}") == 16, "8 commits and 8 stream inserts"
+    assert any("pg_constraint" in s for s in sent) and any(s.startswith("ALTER TABLE") for s in sent)
+    writes = 0
     for statements in recorder.connections:
         in_transaction = False
         locked = False
@@ -690,8 +693,10 @@ def test_every_statement_sent_is_one_redshift_has(recorder: StatementRecorder, p
                 in_transaction = False
             elif statement.startswith((f"INSERT INTO {quoted}", f"DELETE FROM {quoted}")):
                 assert in_transaction and locked, f"{statement[:60]} without LOCK first"
+                writes += 1
             elif statement == f"LOCK TABLE {quoted}":
                 locked = True
+    assert writes >= 40
 
 
 def test_a_serializable_isolation_violation_is_transient() -> None:
@@ -859,3 +864,13 @@ def test_copy_statement_with_an_iam_role() -> None:
         """COPY "s" FROM 's3://b/m.json' IAM_ROLE 'arn:aws:iam::123456789012:role/Loader' REGION 'us-east-1' """
         "FORMAT AS JSON 'auto' GZIP MANIFEST TIMEFORMAT 'auto' COMPUPDATE OFF STATUPDATE OFF"
     )
+
+
+def test_the_key_constraint_name_is_cut_to_127_bytes() -> None:
+    """EventNative's `<schema>_<table>_pk`, cut at a character boundary to Redshift's 127 bytes
+    (not 127 characters: a multibyte name would then be refused)."""
+    adapter = RedshiftWarehouse("rs", destination({"db": "x", "schema": "events"}))
+    clause = adapter._key_clause("é" * 60, ("id",))  # events_ + 120 bytes + _pk: 130 bytes
+    name = clause.split('"')[1]
+    assert clause == f'CONSTRAINT "{name}" PRIMARY KEY ("id")'
+    assert name == "events_" + "é" * 60 and len(name.encode()) == 127

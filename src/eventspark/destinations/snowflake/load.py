@@ -51,6 +51,8 @@ _PART = r'(?:[A-Za-z_][A-Za-z0-9_$]*|"[^"\x00-\x1f]+")'
 _STAGE_NAME = re.compile(rf"^{_PART}(?:\.{_PART}){{0,2}}$")
 """A stage name as configured: one to three parts, plain or quoted."""
 _VARIANT_TYPES = ("VARIANT", "OBJECT", "ARRAY")
+_CHUNK_REF = re.compile(r"([a-z0-9_]+)/[0-9a-f]{32}\.json\.gz")
+"""`<staging table>/<file>`, as the stage writer names chunks: written into COPY statements as is."""
 
 
 def build(dest_id: str, dest: SnowflakeDestination, events_dir: Path) -> SnowflakeWarehouse:
@@ -119,6 +121,8 @@ class SnowflakeWarehouse(SqlWarehouse):
         """Creates the pass's staging table (its stage holds the files unless another is configured)."""
         digest = hashlib.sha256(self.dest_id.encode()).hexdigest()[:8]
         table = f"{STAGE_PREFIX}{job_id}_{digest}"
+        if not re.fullmatch(r"[a-z0-9_]+", table):
+            raise TerminalError(f"snowflake: job id {job_id!r} cannot name a staging table")
         with self._session() as client:
             client.execute(f"CREATE TABLE IF NOT EXISTS {self.name(table)} (v VARIANT)", "creating the staging table")
         location = self.location
@@ -131,7 +135,10 @@ class SnowflakeWarehouse(SqlWarehouse):
         rows into the target, empty the staging table."""
         if not load.chunks:
             return
-        staging = {chunk.ref.partition("/")[0] for chunk in load.chunks}
+        refs = [_CHUNK_REF.fullmatch(chunk.ref) for chunk in load.chunks]
+        if not all(refs):
+            raise TerminalError(f"snowflake: {doing}: a chunk that is not a staged file of eventspark's")
+        staging = {ref.group(1) for ref in refs if ref is not None}
         if len(staging) != 1:
             raise TerminalError(f"snowflake: {doing}: chunks of several passes in one load")
         (table,) = staging
