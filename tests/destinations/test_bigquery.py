@@ -23,7 +23,7 @@ from eventspark.destinations.base import (
     TransientError,
     new_job_id,
 )
-from eventspark.destinations.bigquery.client import GCS_STAGE_FOLDER, key_of
+from eventspark.destinations.bigquery.client import GCS_STAGE_FOLDER, BigQueryClient, key_of
 from eventspark.destinations.bigquery.configuration import BigQueryDestination
 from eventspark.destinations.bigquery.dialect import DIALECT, field_type, sql_type
 from eventspark.destinations.bigquery.load import BigQueryWarehouse, build, settings_of
@@ -194,9 +194,10 @@ def test_new_columns_reach_both_the_api_schema_and_the_data(
     assert _query(bigquery_emulator, f"SELECT a, b FROM `{bq_dataset}`.t") == [(1, "x")]
 
 
-def test_commit_is_one_transaction_with_its_markers(adapter: BigQueryWarehouse, bq_dataset: str) -> None:
-    """The pair's rows and markers are one script: a failing cast leaves neither, and the
-    staging tables are dropped either way."""
+def test_a_commit_whose_move_fails_leaves_nothing(adapter: BigQueryWarehouse, bq_dataset: str) -> None:
+    """A failing cast in the move (the script's first statement: the marker insert never runs)
+    leaves no rows, no markers and no staging tables. The second statement failing is
+    `test_a_failing_marker_insert_leaves_no_rows`."""
     target = AdapterContract().create(adapter, "f", {"n": INT})
     stage = AdapterContract().stage
     good = stage(adapter, "job1", {"n": INT}, [[1]])
@@ -214,7 +215,7 @@ def test_unreachable_endpoint_is_transient(bq_dataset: str, tmp_path: Path) -> N
 
     block = {"bq_project": "test-proj", "bq_dataset": bq_dataset, "bq_endpoint": f"http://127.0.0.1:{free_port()}"}
     adapter = build("bq", _destination(block), tmp_path)
-    with pytest.raises(TransientError, match="bigquery: creating dataset"):
+    with pytest.raises(TransientError, match="bigquery: reading dataset"):
         adapter.read_tables()
 
 
@@ -238,10 +239,11 @@ def test_stale_staging_tables_and_objects_of_a_killed_commit_are_dropped(
     later pass drops those of jobs older than its limit, and keeps the others."""
     old, recent = new_job_id(time.time() - 7200), new_job_id(time.time())
     adapter.read_tables()  # creates the dataset
+    names = {job: adapter.stage_table_name(job) for job in (old, recent)}
     client = bigquery_emulator.bigquery()
     try:
         for job in (old, recent):
-            client.query(f"CREATE TABLE `{bq_dataset}`.`{STAGE_PREFIX}{job}_x` (n INT64)").result()
+            client.query(f"CREATE TABLE `{bq_dataset}`.`{names[job]}` (n INT64)").result()
     finally:
         client.close()
     chunks = {job: AdapterContract().stage(adapter, job, {"n": INT}, [[1]]) for job in (old, recent)}
@@ -251,7 +253,7 @@ def test_stale_staging_tables_and_objects_of_a_killed_commit_are_dropped(
         left = {t.table_id for t in client.list_tables(bq_dataset)}
     finally:
         client.close()
-    assert left == {LOADS_TABLE, f"{STAGE_PREFIX}{recent}_x"}
+    assert left == {LOADS_TABLE, names[recent]}
     storage = bigquery_emulator.storage()
     try:
         objects = {f"gs://{bigquery_emulator.bucket}/{b.name}" for b in storage.list_blobs(bigquery_emulator.bucket)}
@@ -423,3 +425,301 @@ def test_process_command_loads_the_fixture_log(
     (failure,) = [json.loads(line) for line in failed.read_text().splitlines()]
     assert failure["event"] == {"_geo_data": {}, "event_type": "views", "key1000": "super value"}
     assert "Format" in failure["error"]
+
+
+# --- review fixes: quoting, connecting, keys ------------------------------------------------------
+
+
+def test_dialect_quotes_and_literals_escape_with_backslashes(bigquery_emulator: BigQueryEmulator) -> None:
+    """The contract's hostile table name cannot be a BigQuery table name, so the escaping is
+    checked here: quote and literal text, and a literal read back unchanged by the emulator."""
+    assert DIALECT.quote("a`b") == "`a\\`b`"
+    assert DIALECT.quote("x\\`; DROP TABLE t; --") == "`x\\\\\\`; DROP TABLE t; --`"
+    assert DIALECT.quote('co"l x') == '`co"l x`'
+    assert DIALECT.literal("it's") == "'it\\'s'"
+    assert DIALECT.literal("a\\'; DROP TABLE t; --") == "'a\\\\\\'; DROP TABLE t; --'"
+    for bad in ("", "nul\x00", "line\nbreak"):
+        with pytest.raises(ValueError):
+            DIALECT.quote(bad)
+    text = "a\\'; DROP TABLE t; -- ` \" ünï"
+    assert _query(bigquery_emulator, f"SELECT {DIALECT.literal(text)}") == [(text,)]
+
+
+def test_connecting_to_an_existing_dataset_only_reads_it(
+    bigquery_emulator: BigQueryEmulator, bq_recorder: Any, bq_dataset: str, tmp_path: Path
+) -> None:
+    """A Data Editor of an existing dataset may not create datasets: connecting gets the dataset
+    and creates it only when it is missing."""
+    block = bigquery_emulator.google_block(bq_dataset, gcs=False, endpoint=bq_recorder.endpoint)
+    first = build("bq", _destination(block | {"bq_location": "EU"}), tmp_path)
+    first.read_tables()
+    first.close()
+    created = bq_recorder.bodies("POST", "/datasets")
+    assert [(b["datasetReference"]["datasetId"], b.get("location")) for b in created] == [(bq_dataset, "EU")]
+    bq_recorder.requests.clear()
+    second = build("bq", _destination(block), tmp_path)
+    second.read_tables()
+    second.close()
+    assert not [r for r in bq_recorder.requests if r[0] == "POST" and r[1].split("?")[0].endswith("/datasets")]
+    assert [r for r in bq_recorder.requests if r[0] == "GET" and r[1].split("?")[0].endswith(f"/datasets/{bq_dataset}")]
+
+
+def test_credentials_of_the_environment_win_over_anonymous_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    emulated = settings_of(_destination({"bq_project": "p", "bq_endpoint": "http://127.0.0.1:1"}))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/keys/sa.json")
+    assert emulated.credentials(emulated.bq_endpoint) is None  # the library's default: that file
+
+
+def test_primary_key_is_noted_after_the_users_description(
+    adapter: BigQueryWarehouse, bigquery_emulator: BigQueryEmulator, bq_dataset: str
+) -> None:
+    """No PRIMARY KEY constraint (BigQuery's optimiser trusts it, and tables may hold duplicates):
+    the key is a line appended to the table's description, whose text is kept."""
+    adapter.patch(TablePatch("k", create=True, add_columns={"id": "STRING", "n": "INTEGER"}))
+    client = bigquery_emulator.bigquery()
+    try:
+        table = client.get_table(f"{bq_dataset}.k")
+        table.description = "Orders, by the shop team."
+        client.update_table(table, ["description"])
+        adapter.patch(TablePatch("k", primary_keys=("id",)))
+        adapter.patch(TablePatch("k", primary_keys=("id", "n")))
+        table = client.get_table(f"{bq_dataset}.k")
+    finally:
+        client.close()
+    assert table.description == 'Orders, by the shop team.\n\neventspark primary key: ["id", "n"]'
+    assert table.table_constraints is None or table.table_constraints.primary_key is None
+    found = adapter.read_table("k")
+    assert found is not None and found.primary_keys == ("id", "n")
+
+
+# --- review fixes: the commit -----------------------------------------------------------------------
+
+
+def _markers(bigquery_emulator: BigQueryEmulator, dataset: str) -> list[tuple[Any, ...]]:
+    return _query(bigquery_emulator, f"SELECT file, table_name FROM `{dataset}`.{LOADS_TABLE} ORDER BY 1")
+
+
+def test_a_commit_rerun_reattaches_to_the_job_that_committed_it(
+    adapter: BigQueryWarehouse, bigquery_emulator: BigQueryEmulator, bq_dataset: str
+) -> None:
+    """The commit's query job has an id derived from the destination, table and files: a rerun of
+    a pair whose job already ran (say the first pass lost the answer, and read the markers before
+    the job finished) finds that job and waits for it instead of loading the rows again."""
+    contract = AdapterContract()
+    target = contract.create(adapter, "r", {"n": INT})
+    adapter.commit(Load("d", target, [contract.stage(adapter, "jobr1", {"n": INT}, [[1]])], ["l1", "l2"]))
+    adapter.commit(Load("d", target, [contract.stage(adapter, "jobr2", {"n": INT}, [[1]])], ["l2", "l1"]))
+    assert _query(bigquery_emulator, f"SELECT n FROM `{bq_dataset}`.r") == [(1,)]
+    assert _markers(bigquery_emulator, bq_dataset) == [("l1", "r"), ("l2", "r")]
+    # Markers deleted by hand (a deliberate reload): the finished job no longer counts.
+    _query(bigquery_emulator, f"DELETE FROM `{bq_dataset}`.{LOADS_TABLE} WHERE TRUE")
+    adapter.commit(Load("d", target, [contract.stage(adapter, "jobr3", {"n": INT}, [[2]])], ["l1", "l2"]))
+    assert _query(bigquery_emulator, f"SELECT n FROM `{bq_dataset}`.r ORDER BY n") == [(1,), (2,)]
+
+
+def test_a_failed_commit_job_does_not_block_the_rerun(
+    adapter: BigQueryWarehouse, bigquery_emulator: BigQueryEmulator, bq_dataset: str
+) -> None:
+    contract = AdapterContract()
+    target = contract.create(adapter, "x", {"n": INT})
+    with pytest.raises(TerminalError):
+        adapter.commit(Load("d", target, [contract.stage(adapter, "jobx1", {"n": S}, [["nope"]])], ["l1"]))
+    adapter.commit(Load("d", target, [contract.stage(adapter, "jobx2", {"n": INT}, [[3]])], ["l1"]))
+    assert _query(bigquery_emulator, f"SELECT n FROM `{bq_dataset}`.x") == [(3,)]
+    assert _markers(bigquery_emulator, bq_dataset) == [("l1", "x")]
+
+
+def test_a_failing_marker_insert_leaves_no_rows(
+    adapter: BigQueryWarehouse, bigquery_emulator: BigQueryEmulator, bq_dataset: str
+) -> None:
+    """The markers are the script's second statement: when it fails, the first (the rows) is not
+    kept either. Made to fail by a marker table whose `file` column cannot take the file names."""
+    contract = AdapterContract()
+    target = contract.create(adapter, "m", {"n": INT})
+    _query(bigquery_emulator, f"DROP TABLE `{bq_dataset}`.{LOADS_TABLE}")
+    columns = "dest_id STRING, file INT64, table_name STRING, loaded_at TIMESTAMP"
+    _query(bigquery_emulator, f"CREATE TABLE `{bq_dataset}`.{LOADS_TABLE} ({columns})")
+    with pytest.raises(TerminalError, match="loading table 'm'"):
+        adapter.commit(Load("d", target, [contract.stage(adapter, "jobm", {"n": INT}, [[1]])], ["l1"]))
+    assert _query(bigquery_emulator, f"SELECT n FROM `{bq_dataset}`.m") == []
+    assert not [t for t in _tables(bigquery_emulator, bq_dataset) if t.startswith(STAGE_PREFIX)]
+
+
+def test_a_script_failing_at_run_time_in_its_second_statement_keeps_nothing(
+    adapter: BigQueryWarehouse, bigquery_emulator: BigQueryEmulator, bq_dataset: str
+) -> None:
+    """The second statement fails on a value only the first one wrote, so no check of the script
+    before running it can see the failure: the first statement's row is rolled back."""
+    contract = AdapterContract()
+    contract.create(adapter, "a", {"n": INT})
+    contract.create(adapter, "b", {"n": INT})
+    a, b = adapter.name("a"), adapter.name("b")
+    client = adapter._connection()
+    assert isinstance(client, BigQueryClient)
+    with pytest.raises(TerminalError, match="bigquery: testing: 400"), client.transaction("testing"):
+        client.execute(f"INSERT INTO {a} (n) VALUES (5)", "testing")
+        client.execute(
+            f"INSERT INTO {b} (n) SELECT CAST(CONCAT(CAST(n AS STRING), 'x') AS INT64) FROM {a} WHERE n = 5",
+            "testing",
+        )
+    assert _query(bigquery_emulator, f"SELECT n FROM `{bq_dataset}`.a") == []
+
+
+def _tables(bigquery_emulator: BigQueryEmulator, dataset: str) -> set[str]:
+    client = bigquery_emulator.bigquery()
+    try:
+        return {t.table_id for t in client.list_tables(dataset)}
+    finally:
+        client.close()
+
+
+def test_staging_tables_are_named_after_their_destination(
+    bigquery_emulator: BigQueryEmulator, bq_dataset: str, tmp_path: Path
+) -> None:
+    """Two destinations sharing a dataset each drop only their own staging tables."""
+    block = bigquery_emulator.google_block(bq_dataset, gcs=False)
+    mine, theirs = build("bq", _destination(block), tmp_path), build("bq2", _destination(block), tmp_path)
+    job = new_job_id(time.time() - 7200)
+    try:
+        mine.read_tables()
+        kept = mine.stage_table_name(job)
+        for name in (kept, theirs.stage_table_name(job)):
+            _query(bigquery_emulator, f"CREATE TABLE `{bq_dataset}`.`{name}` (n INT64)")
+        theirs.drop_stages(job)
+        assert _tables(bigquery_emulator, bq_dataset) == {LOADS_TABLE, kept}
+        mine.drop_stale_stages(time.time() - 3600)
+        assert _tables(bigquery_emulator, bq_dataset) == {LOADS_TABLE}
+    finally:
+        mine.close()
+        theirs.close()
+
+
+# --- review fixes: stream -------------------------------------------------------------------------
+
+
+def _recorded_adapter(bigquery_emulator: BigQueryEmulator, recorder: Any, dataset: str, tmp_path: Path):
+    block = bigquery_emulator.google_block(dataset, gcs=False, endpoint=recorder.endpoint)
+    return build("bq", _destination(block), tmp_path)
+
+
+def test_streamed_rows_carry_their_event_id_as_insert_id(
+    bigquery_emulator: BigQueryEmulator, bq_recorder: Any, bq_dataset: str, tmp_path: Path
+) -> None:
+    """What is sent (the emulator does not de-duplicate by insert id, so de-duplication itself is
+    not shown here): each row's `insertId` is its eventn_ctx_event_id."""
+    adapter = _recorded_adapter(bigquery_emulator, bq_recorder, bq_dataset, tmp_path)
+    try:
+        target = AdapterContract().create(adapter, "s", {"eventn_ctx_event_id": S, "n": INT})
+        adapter.insert(target, [{"eventn_ctx_event_id": "e1", "n": 1}, {"eventn_ctx_event_id": "e2", "n": 2}])
+    finally:
+        adapter.close()
+    (body,) = bq_recorder.bodies("POST", "/insertAll")
+    assert [(r["insertId"], r["json"]["n"]) for r in body["rows"]] == [("e1", 1), ("e2", 2)]
+
+
+def _insert_errors(*rows: tuple[int, str, str]) -> tuple[int, bytes]:
+    errors = [
+        {"index": i, "errors": [{"reason": reason, "location": "", "message": message}]} for i, reason, message in rows
+    ]
+    return 200, json.dumps({"kind": "bigquery#tableDataInsertAllResponse", "insertErrors": errors}).encode()
+
+
+def test_streaming_refusals_are_classified_by_reason(
+    bigquery_emulator: BigQueryEmulator, bq_recorder: Any, bq_dataset: str, tmp_path: Path
+) -> None:
+    """BigQuery's answers the emulator never gives, sent by the proxy: rows stopped because of
+    another row, or a just-added column the streaming backend does not know yet, are transient;
+    a row invalid for another reason is terminal, and names its row."""
+    adapter = _recorded_adapter(bigquery_emulator, bq_recorder, bq_dataset, tmp_path)
+    answers: list[tuple[int, bytes]] = []
+    bq_recorder.answer = lambda method, path, body: answers.pop(0) if "/insertAll" in path and answers else None
+    try:
+        contract = AdapterContract()
+        target = contract.create(adapter, "q", {"eventn_ctx_event_id": S, "n": INT})
+        adapter.patch(TablePatch("q", add_columns={"c": "STRING"}))
+        target = adapter.read_table("q")
+        assert target is not None
+        rows = [{"eventn_ctx_event_id": "e1", "n": 1, "c": "x"}, {"eventn_ctx_event_id": "e2", "n": 2}]
+        cases: list[tuple[tuple[int, bytes], type[Exception], str]] = [
+            (_insert_errors((0, "stopped", ""), (1, "backendError", "")), TransientError, "retry"),
+            (_insert_errors((0, "invalid", "no such field: c."), (1, "stopped", "")), TransientError, "c"),
+            (_insert_errors((0, "invalid", "no such field: zz."), (1, "stopped", "")), TerminalError, "row 0"),
+            (
+                _insert_errors((1, "invalid", "Cannot convert value to integer."), (0, "stopped", "")),
+                TerminalError,
+                "row 1",
+            ),
+            (
+                (
+                    404,
+                    json.dumps(
+                        {
+                            "error": {
+                                "code": 404,
+                                "message": "Not found: Table test-proj:x.q",
+                                "errors": [{"reason": "notFound", "message": "Not found: Table test-proj:x.q"}],
+                            }
+                        }
+                    ).encode(),
+                ),
+                TransientError,
+                "not found",
+            ),
+        ]
+        for answer, kind, text in cases:
+            answers.append(answer)
+            with pytest.raises(kind, match=text):
+                adapter.insert(target, rows)
+        adapter.insert(target, rows)  # answered by the emulator
+    finally:
+        adapter.close()
+    got = _query(bigquery_emulator, f"SELECT eventn_ctx_event_id, c FROM `{bq_dataset}`.q ORDER BY 1")
+    assert got == [("e1", "x"), ("e2", None)]
+
+
+def test_stream_delivery_fails_only_the_invalid_row(
+    bigquery_emulator: BigQueryEmulator, bq_recorder: Any, bq_dataset: str, tmp_path: Path
+) -> None:
+    """A request with an invalid row: BigQuery stores none of its rows, marks the others
+    `stopped`; the stream's delivery splits the batch until the invalid row is alone, so only it
+    goes to failed/."""
+    from eventspark.coordination import MemoryCoordination
+    from eventspark.steps.chain import Row
+    from eventspark.stream.delivery import TableDelivery
+
+    def answer(method: str, path: str, body: bytes) -> tuple[int, bytes] | None:
+        if "/insertAll" not in path:
+            return None
+        rows = json.loads(body)["rows"]
+        bad = [i for i, r in enumerate(rows) if r["json"].get("s") == "poison"]
+        if not bad:
+            return None
+        return _insert_errors(
+            *((i, "invalid" if i in bad else "stopped", "bad" if i in bad else "") for i in range(len(rows)))
+        )
+
+    bq_recorder.answer = answer
+    adapter = _recorded_adapter(bigquery_emulator, bq_recorder, bq_dataset, tmp_path)
+    try:
+        delivery = TableDelivery("bq", adapter, MemoryCoordination("test"))
+        rows = [Row("d", {"eventn_ctx_event_id": f"e{i}", "s": "poison" if i == 2 else "ok"}, {}) for i in range(5)]
+        errors = delivery.deliver("d", rows)
+    finally:
+        adapter.close()
+    assert [e is not None for e in errors] == [False, False, True, False, False]
+    got = _query(bigquery_emulator, f"SELECT eventn_ctx_event_id FROM `{bq_dataset}`.d ORDER BY 1")
+    assert got == [("e0",), ("e1",), ("e3",), ("e4",)]
+
+
+def test_stream_merge_parses_json_columns_and_keeps_big_integers(
+    adapter: BigQueryWarehouse, bigquery_emulator: BigQueryEmulator, bq_dataset: str
+) -> None:
+    adapter.patch(
+        TablePatch("j", create=True, add_columns={"id": "STRING", "n": "INTEGER", "doc": "JSON"}, primary_keys=("id",))
+    )
+    target = adapter.read_table("j")
+    assert target is not None
+    adapter.insert(target, [{"id": "a", "n": 2**63 - 1, "doc": '{"k": [1, "x"]}'}])
+    adapter.insert(target, [{"id": "a", "n": -(2**53) - 1, "doc": '{"k": 2}'}, {"id": "b", "n": 1, "doc": None}])
+    got = _query(bigquery_emulator, f"SELECT id, n, TO_JSON_STRING(doc) FROM `{bq_dataset}`.j ORDER BY id")
+    assert got == [("a", -(2**53) - 1, '{"k":2}'), ("b", 1, None)]

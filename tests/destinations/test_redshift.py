@@ -549,7 +549,8 @@ def test_upserts_on_a_two_column_key_in_batch_and_stream(pg_datasource: dict[str
 
 
 def test_nodes_connecting_at_once_all_prepare_the_schema(pg_datasource: dict[str, Any]) -> None:
-    """No advisory lock on Redshift: the loser of a race on CREATE ... IF NOT EXISTS prepares again."""
+    """No advisory lock on Redshift: the loser of a race on CREATE ... IF NOT EXISTS prepares again.
+    (PostgreSQL's race, a unique violation; what Redshift raises there is not known here.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     adapters = [RedshiftWarehouse(f"rs{i}", destination(pg_datasource)) for i in range(6)]
@@ -806,17 +807,36 @@ def test_rows_with_null_keys_are_replaced_like_any_other(pg_datasource: dict[str
         adapter.close()
 
 
+def exception_chain(error: BaseException) -> list[BaseException]:
+    """`error`, its causes and contexts, theirs..."""
+    chain: list[BaseException] = []
+    todo: list[BaseException | None] = [error]
+    while todo:
+        found = todo.pop()
+        if found is not None and found not in chain:
+            chain.append(found)
+            todo += [found.__cause__, found.__context__]
+    return chain
+
+
+SECRET, TOKEN = "SECRETKEYsecretkey0123456789", "SESSIONTOKENtoken0123456789"
+ROLE = "arn:aws:iam::123456789012:role/Loader"
+
+
+@pytest.mark.parametrize("authorization", ["keys", "iam_role"])
 def test_the_real_copy_keeps_keys_out_of_its_error(
-    pg_datasource: dict[str, Any], moto_s3: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+    authorization: str, pg_datasource: dict[str, Any], moto_s3: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The real `_copy_from_s3` (credentials from boto3's chain, with a session token) on
+    """The real `_copy_from_s3` (keys from boto3's chain, with a session token; or `iam_role`) on
     PostgreSQL, which refuses the COPY with a syntax error: the error raised names neither the
-    secret key nor the token, nor does any exception chained to it; nothing is committed."""
-    secret, token = "SECRETKEYsecretkey0123456789", "SESSIONTOKENtoken0123456789"
+    secret key nor the token, nor does any exception chained to it (no driver error, which may
+    quote the statement, is chained); nothing is committed. With `iam_role` the COPY holds no key."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    monkeypatch.setenv("AWS_SESSION_TOKEN", token)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", TOKEN)
     block = {k: v for k, v in s3_block(moto_s3, s3_bucket).items() if k not in ("access_key_id", "secret_access_key")}
+    if authorization == "iam_role":
+        block["iam_role"] = ROLE
     uploads = RedshiftWarehouse("rs", destination(pg_datasource, s3_block(moto_s3, s3_bucket)))
     adapter = RedshiftWarehouse("rs", destination(pg_datasource, block))
     contract = TestRedshiftAdapter()
@@ -834,24 +854,37 @@ def test_the_real_copy_keeps_keys_out_of_its_error(
         with pytest.raises(TerminalError) as caught:
             adapter.commit(Load("d", target, [chunk], ["l1"]))
         (copy,) = [s for s in statements if s.startswith("COPY")]
-        assert secret in copy and token in copy, "the COPY did carry the keys"
+        if authorization == "keys":
+            assert SECRET in copy and TOKEN in copy, "the COPY did carry the keys"
+        else:
+            assert f"IAM_ROLE '{ROLE}'" in copy and "AKIAEXAMPLE" not in copy and SECRET not in copy
         assert "syntax error" in str(caught.value)
-        chain: list[BaseException] = []
-        todo: list[BaseException | None] = [caught.value]
-        while todo:  # the error, its causes and contexts, theirs...
-            error = todo.pop()
-            if error is not None and error not in chain:
-                chain.append(error)
-                todo += [error.__cause__, error.__context__]
+        chain = exception_chain(caught.value)
         assert all(not isinstance(e, psycopg.Error) for e in chain), [str(e) for e in chain]
         for error in chain:
             text = f"{error!s} {error!r} {getattr(error, 'args', '')}"
-            assert secret not in text and token not in text, type(error)
+            assert SECRET not in text and TOKEN not in text, type(error)
         assert adapter.loaded_files("d", ["l1"]) == set()
         assert pg(f"SELECT count(*) FROM {contract.name(adapter, 'c')}") == [(0,)]
     finally:
         adapter.close()
         uploads.close()
+
+
+def test_a_copy_error_quoting_the_keys_is_masked(pg_datasource: dict[str, Any], moto_s3: str, s3_bucket: str) -> None:
+    """A server error that quotes the statement (PostgreSQL's first line did not reach the keys
+    above): the real `_copy_from_s3` raises it again, same class, keys masked, nothing chained."""
+    block = {**s3_block(moto_s3, s3_bucket), "access_key_id": "AKIAEXAMPLE", "secret_access_key": SECRET}
+    adapter = RedshiftWarehouse("rs", destination(pg_datasource, block))
+
+    def echo(client: RedshiftClient, statement: str, staging: str, manifest_key: str, doing: str) -> None:
+        raise TransientError(f"redshift: {doing}: error near {statement}") from ValueError(statement)
+
+    adapter._run_copy = echo  # type: ignore[method-assign]
+    with pytest.raises(TransientError) as caught:
+        adapter._copy_from_s3(None, '"s"', "k/manifest-1.json", "loading")  # type: ignore[arg-type]
+    assert "SECRET_ACCESS_KEY '***'" in str(caught.value) and SECRET not in str(caught.value)
+    assert exception_chain(caught.value) == [caught.value]
 
 
 def test_copy_statement_with_an_iam_role() -> None:

@@ -12,13 +12,17 @@ A missing or broken emulator fails the tests that need it, with the reason.
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.error import URLError
@@ -146,3 +150,79 @@ def bq_dataset(bigquery_emulator: BigQueryEmulator) -> Iterator[str]:
         client.delete_dataset(name, delete_contents=True, not_found_ok=True, retry=None, timeout=30)
     finally:
         client.close()
+
+
+# --- a recording HTTP proxy ------------------------------------------------------------------------
+
+Answer = Callable[[str, str, bytes], "tuple[int, bytes] | None"]
+
+
+class HttpRecorder:
+    """A plain HTTP proxy in front of the emulator's REST endpoint, for tests of what eventspark
+    sends: it records every request (method, path, body) and forwards it, unless `answer` returns
+    a (status, JSON body) to reply with instead (a response BigQuery gives and the emulator does
+    not). The client library talks to it over HTTP as to any endpoint: nothing of it is mocked."""
+
+    def __init__(self, upstream: str, answer: Answer | None = None) -> None:
+        self.upstream = upstream.removeprefix("http://")
+        self.answer = answer
+        self.requests: list[tuple[str, str, bytes]] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _handle(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                recorder.requests.append((self.command, self.path, body))
+                answered = recorder.answer(self.command, self.path, body) if recorder.answer else None
+                if answered is not None:
+                    status, payload, headers = *answered, {"Content-Type": "application/json"}
+                else:
+                    connection = http.client.HTTPConnection(recorder.upstream, timeout=120)
+                    try:
+                        forwarded = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                        connection.request(self.command, self.path, body=body, headers=forwarded)
+                        response = connection.getresponse()
+                        status, payload = response.status, response.read()
+                        headers = {
+                            k: v
+                            for k, v in response.getheaders()
+                            if k.lower() not in ("content-length", "transfer-encoding", "connection")
+                        }
+                    finally:
+                        connection.close()
+                self.send_response(status)
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def bodies(self, method: str, path_part: str) -> list[dict[str, Any]]:
+        """The JSON bodies of the recorded requests of `method` whose path contains `path_part`."""
+        return [json.loads(b) for m, p, b in self.requests if m == method and path_part in p.split("?")[0] and b]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def bq_recorder(bigquery_emulator: BigQueryEmulator) -> Iterator[HttpRecorder]:
+    recorder = HttpRecorder(bigquery_emulator.bq_endpoint)
+    yield recorder
+    recorder.close()

@@ -9,8 +9,11 @@ its repr, and error messages carry the API's text only.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -27,7 +30,7 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import bigquery
 from google.cloud.bigquery.retry import DEFAULT_RETRY
 
-from eventspark.destinations.base import StagedChunk, TerminalError, TransientError
+from eventspark.destinations.base import DestinationError, StagedChunk, TerminalError, TransientError
 from eventspark.destinations.bigquery.dialect import field_type
 from eventspark.steps.typing import DataType
 
@@ -41,8 +44,15 @@ JOB_TIMEOUT = 3600.0
 GCS_STAGE_FOLDER = "eventspark-staging"
 """Objects of a job: `<folder>/<job id>/<destination id>/<random>.ndjson` in `gcs_bucket`."""
 KEY_NOTE = "eventspark primary key: "
-"""Table descriptions carry the primary key (JSON list after this), for servers without
-table constraints (the emulator); BigQuery itself gets the constraint too."""
+"""A table's primary key is a line of its description: this, then the key as a JSON list. No
+table constraint: BigQuery's optimiser trusts a `PRIMARY KEY NOT ENFORCED`, and a table may hold
+duplicate keys (rows from before the key, NULL keys), so queries could return wrong results."""
+SETTLE_SECONDS = 30.0
+"""After a commit job's answer was lost: how long to keep asking for the job while the API cannot
+be reached, before giving up with `OutcomeUnknown`."""
+CANCEL_WAIT_SECONDS = 60.0
+"""After cancelling a job that outran `JOB_TIMEOUT`: how long to wait for it to end."""
+POLL_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +66,13 @@ class GoogleSettings:
     gcs_endpoint: str = ""
     key_path: str = ""
     key_info: Mapping[str, Any] | None = field(default=None, repr=False)
+    location: str = ""
+    """Where a missing dataset is created (`google.bq_location`); empty: BigQuery's default (US)."""
 
     def credentials(self, endpoint: str) -> Credentials | None:
-        """Service-account credentials from the key; anonymous ones for an endpoint override
-        without a key; None (the library's default credentials) otherwise."""
+        """Service-account credentials from the key; without one, anonymous credentials for an
+        endpoint override (an emulator) unless GOOGLE_APPLICATION_CREDENTIALS names a key file;
+        None (the library's default credentials) otherwise."""
         from google.oauth2 import service_account
 
         try:
@@ -70,7 +83,9 @@ class GoogleSettings:
         except (ValueError, KeyError, OSError) as exc:
             # Messages name missing fields or the path, never the key's content.
             raise TerminalError(f"bigquery: reading the service account key: {type(exc).__name__}: {exc}") from exc
-        return AnonymousCredentials() if endpoint else None  # type: ignore[no-untyped-call]
+        if endpoint and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+            return AnonymousCredentials()  # type: ignore[no-untyped-call]
+        return None
 
     def bigquery(self) -> bigquery.Client:
         credentials = self.credentials(self.bq_endpoint)
@@ -105,7 +120,27 @@ def key_of(key_file: str | Mapping[str, Any]) -> tuple[str, Mapping[str, Any] | 
 
 # --- errors ---------------------------------------------------------------------------------------
 
-_TRANSIENT_REASONS = {"backendError", "internalError", "rateLimitExceeded", "jobRateLimitExceeded"}
+_TRANSIENT_REASONS = frozenset({"backendError", "internalError", "rateLimitExceeded", "jobRateLimitExceeded"})
+_TRANSIENT_MESSAGES = (
+    # UPDATE/DELETE/MERGE of rows streamed in the last 30-90 minutes (`invalidQuery`, 400)
+    "would affect rows in the streaming buffer",
+    # more than 2 running + 20 queued mutating DML statements on one table
+    "too many dml statements outstanding",
+    # two DML statements (or transactions) changing the same table at once
+    "could not serialize access to table",
+    "due to concurrent update",
+)
+"""Refusals that go away by themselves, recognised by their message (their reasons are the
+generic `invalidQuery`/`invalid`); documented texts, lower case."""
+ROW_RETRY_REASONS = frozenset({"stopped", "backendError", "internalError", "timeout"})
+"""Per-row reasons of a streaming insert's `insertErrors` for a row that is fine in itself:
+`stopped` (not stored because another row of the request was invalid) or a server fault."""
+_NO_SUCH_FIELD = re.compile(r"no such field:?\s*(.*?)\.?\s*$", re.IGNORECASE | re.DOTALL)
+
+
+class OutcomeUnknown(TransientError):
+    """A submitted job whose end could not be learnt: it may still commit. Its staging tables
+    are kept (they expire), and a rerun of the same commit finds the job by its id."""
 
 
 @contextmanager
@@ -137,7 +172,61 @@ def translated_errors(doing: str, service: str = "bigquery") -> Iterator[None]:
 def _is_transient(exc: api_errors.GoogleAPICallError) -> bool:
     if isinstance(exc, api_errors.ServerError | api_errors.TooManyRequests):
         return True
-    return any(error.get("reason") in _TRANSIENT_REASONS for error in exc.errors or [] if isinstance(error, dict))
+    errors = [error for error in exc.errors or [] if isinstance(error, dict)]
+    return any(is_transient_error(e.get("reason"), str(e.get("message") or "")) for e in errors) or (
+        is_transient_error(None, str(exc.message or ""))
+    )
+
+
+def is_transient_error(reason: str | None, message: str) -> bool:
+    """Whether an API error (`ErrorProto`: reason, message) will go away by itself."""
+    text = message.lower()
+    return reason in _TRANSIENT_REASONS or any(m in text for m in _TRANSIENT_MESSAGES)
+
+
+def job_error(error_result: Mapping[str, Any], doing: str) -> DestinationError:
+    """The error of a finished job's `errorResult`."""
+    reason, message = error_result.get("reason"), str(error_result.get("message") or "")
+    kind = TransientError if is_transient_error(reason, message) else TerminalError
+    return kind(f"bigquery: {doing}: {reason}: {_first_line(message)}")
+
+
+def insert_errors_failure(
+    errors: Sequence[Mapping[str, Any]], total: int, doing: str, settling: Callable[[frozenset[str]], bool]
+) -> DestinationError:
+    """The error for a streaming insert's per-row `insertErrors` (BigQuery stores none of the
+    request's rows then). TransientError when every row was refused for a reason of
+    `ROW_RETRY_REASONS`, or the invalid rows only name columns that `settling` says were added
+    moments ago (the streaming API learns new columns minutes after the tables API); else
+    TerminalError naming the first invalid row: the stream's delivery then splits the batch, so
+    that the `stopped` rows are sent again without the invalid ones."""
+    invalid: list[tuple[int, str]] = []
+    unknown_fields: set[str] = set()
+    only_unknown_fields = True
+    for row in errors:
+        index = int(row.get("index", -1))
+        for error in row.get("errors") or [{}]:
+            reason = error.get("reason")
+            if reason in ROW_RETRY_REASONS:
+                continue
+            message = str(error.get("message") or reason or "refused")
+            field = _NO_SUCH_FIELD.search(message)
+            if reason == "invalid" and field is not None:
+                unknown_fields.add(field.group(1))
+            else:
+                only_unknown_fields = False
+            invalid.append((index, message))
+    if not invalid:
+        reasons = sorted({str(e.get("reason")) for row in errors for e in row.get("errors") or [{}]})
+        stored = f"{len(errors)} of {total} rows not stored ({', '.join(reasons)})"
+        return TransientError(f"bigquery: {doing}: {stored}: retry")
+    if only_unknown_fields and settling(frozenset(unknown_fields)):
+        names = ", ".join(repr(f) for f in sorted(unknown_fields))
+        return TransientError(f"bigquery: {doing}: the streaming API does not know the new column(s) {names} yet")
+    rows = sorted({index for index, _ in invalid})
+    index, message = min(invalid)
+    more = f" (and {len(rows) - 1} more invalid rows)" if len(rows) > 1 else ""
+    return TerminalError(f"bigquery: {doing}: {len(rows)} of {total} rows invalid: row {index}: {message}{more}")
 
 
 def _message(exc: api_errors.GoogleAPICallError) -> str:
@@ -162,6 +251,8 @@ class BigQueryClient:
         self.settings = settings
         with translated_errors("connecting"):
             self.client = settings.bigquery()
+        self.location: str | None = settings.location or None
+        """The dataset's location (known once `ensure_dataset` read it): jobs run, and are found, there."""
         self._script: list[str] | None = None
         self._params: list[Any] = []
 
@@ -184,14 +275,26 @@ class BigQueryClient:
     def rows(self, statement: str, doing: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return [tuple(row.values()) for row in self._query(statement, doing, params)]
 
-    def _query(self, statement: str, doing: str, params: Sequence[Any]) -> list[Any]:
+    def _query(self, statement: str, doing: str, params: Sequence[Any], job_id: str | None = None) -> list[Any]:
+        if job_id is not None:
+            self._run_job(statement, doing, params, job_id)
+            return []
         config = bigquery.QueryJobConfig(query_parameters=list(params), use_legacy_sql=False)
         with translated_errors(doing):
-            job = self.client.query(statement, job_config=config, retry=RETRY, job_retry=None, timeout=HTTP_TIMEOUT)
+            job = self.client.query(
+                statement,
+                job_config=config,
+                location=self.location,
+                retry=RETRY,
+                job_retry=None,
+                timeout=HTTP_TIMEOUT,
+            )
             return list(job.result(retry=RETRY, timeout=JOB_TIMEOUT))
 
     @contextmanager
-    def transaction(self, doing: str) -> Iterator[None]:
+    def transaction(self, doing: str, job_id: str | None = None) -> Iterator[None]:
+        """Collects the statements executed inside into one script, run on leaving as one job
+        (named `job_id` when given: see `_run_job`)."""
         if self._script is not None:  # nested: part of the outer script
             yield
             return
@@ -203,10 +306,88 @@ class BigQueryClient:
             self._script, self._params = None, []
         if len(statements) == 1:
             # One statement is atomic by itself (and bqemulator binds no parameters in scripts).
-            self._query(statements[0], doing, params)
+            self._query(statements[0], doing, params, job_id)
         elif statements:
             script = "BEGIN TRANSACTION;\n" + ";\n".join(statements) + ";\nCOMMIT TRANSACTION;"
-            self._query(script, doing, params)
+            self._query(script, doing, params, job_id)
+
+    # --- jobs with a chosen id ---------------------------------------------------------------------
+
+    def _run_job(self, statement: str, doing: str, params: Sequence[Any], job_id: str) -> None:
+        """Runs the query as job `job_id` and returns once it succeeded. When anything fails after
+        the job may have been submitted (a lost answer, a timeout, the job's own failure), the
+        job is looked up and waited for before raising: success after all returns normally, a
+        failure raises, and a job whose end cannot be learnt raises `OutcomeUnknown`. Nothing
+        is raised while the job might still commit, unless as OutcomeUnknown."""
+        config = bigquery.QueryJobConfig(query_parameters=list(params), use_legacy_sql=False)
+        try:
+            with translated_errors(doing):
+                try:
+                    job = self.client.query(
+                        statement,
+                        job_config=config,
+                        job_id=job_id,
+                        location=self.location,
+                        retry=RETRY,
+                        job_retry=None,
+                        timeout=HTTP_TIMEOUT,
+                    )
+                except api_errors.Conflict:  # a retried request had created it
+                    job = self.client.get_job(job_id, location=self.location, retry=RETRY, timeout=HTTP_TIMEOUT)
+                job.result(retry=RETRY, timeout=JOB_TIMEOUT)
+        except DestinationError as exc:
+            found = self.find_job(job_id, doing, settle=True)
+            if found is None:
+                raise  # never submitted
+            if self.wait_for(found, doing):
+                return  # it succeeded after all: the commit happened
+            if isinstance(exc, TransientError) and found.error_result is not None:
+                raise job_error(found.error_result, doing) from exc
+            raise
+
+    def find_job(self, job_id: str, doing: str, settle: bool = False) -> bigquery.QueryJob | None:
+        """Job `job_id`, or None if there is none. With `settle`, keeps asking for
+        `SETTLE_SECONDS` while the API cannot be reached, then raises OutcomeUnknown."""
+        deadline = time.monotonic() + (SETTLE_SECONDS if settle else 0.0)
+        while True:
+            try:
+                with translated_errors(f"{doing}: looking up job {job_id}"):
+                    try:
+                        job = self.client.get_job(job_id, location=self.location, retry=RETRY, timeout=HTTP_TIMEOUT)
+                    except api_errors.NotFound:
+                        return None
+                    return job if isinstance(job, bigquery.QueryJob) else None
+            except TransientError as exc:
+                if time.monotonic() >= deadline:
+                    if settle:
+                        raise OutcomeUnknown(f"{exc} (job {job_id} may still commit)") from exc
+                    raise
+                time.sleep(POLL_SECONDS)
+
+    def wait_for(self, job: bigquery.QueryJob, doing: str) -> bool:
+        """Waits until `job` has ended (cancelling it after `JOB_TIMEOUT`): True when it
+        succeeded, False when it failed; OutcomeUnknown when its end cannot be learnt."""
+        deadline = time.monotonic() + JOB_TIMEOUT
+        unreachable_since: float | None = None
+        cancelled = False
+        while True:
+            try:
+                with translated_errors(f"{doing}: waiting for job {job.job_id}"):
+                    job.reload(retry=RETRY, timeout=HTTP_TIMEOUT)
+                unreachable_since = None
+            except TransientError as exc:
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > SETTLE_SECONDS:
+                    raise OutcomeUnknown(f"{exc} (job {job.job_id} may still commit)") from exc
+            if job.state == "DONE":
+                return job.error_result is None
+            if time.monotonic() > deadline:
+                if cancelled:
+                    raise OutcomeUnknown(f"bigquery: {doing}: job {job.job_id} did not end after its cancellation")
+                with suppress(api_errors.GoogleAPICallError, requests.RequestException):
+                    job.cancel(retry=RETRY, timeout=HTTP_TIMEOUT)
+                cancelled, deadline = True, time.monotonic() + CANCEL_WAIT_SECONDS
+            time.sleep(POLL_SECONDS)
 
     def close(self) -> None:
         self.client.close()
@@ -214,9 +395,21 @@ class BigQueryClient:
     # --- the API ----------------------------------------------------------------------------------
 
     def ensure_dataset(self) -> None:
-        with translated_errors(f"creating dataset {self.dataset!r}"):
-            dataset = bigquery.Dataset(bigquery.DatasetReference(self.client.project, self.dataset))
-            self.client.create_dataset(dataset, exists_ok=True, retry=RETRY, timeout=HTTP_TIMEOUT)
+        """Reads the dataset, and creates it only when missing (creating needs the project-level
+        `bigquery.datasets.create`, which a Data Editor of an existing dataset lacks)."""
+        ref = bigquery.DatasetReference(self.client.project, self.dataset)
+        with translated_errors(f"reading dataset {self.dataset!r}"):
+            try:
+                found = self.client.get_dataset(ref, retry=RETRY, timeout=HTTP_TIMEOUT)
+            except api_errors.NotFound:
+                found = None
+        if found is None:
+            with translated_errors(f"creating dataset {self.dataset!r}"):
+                dataset = bigquery.Dataset(ref)
+                if self.settings.location:
+                    dataset.location = self.settings.location
+                found = self.client.create_dataset(dataset, exists_ok=True, retry=RETRY, timeout=HTTP_TIMEOUT)
+        self.location = found.location or self.location
 
     def table_names(self, doing: str) -> list[str]:
         with translated_errors(doing):
@@ -243,17 +436,14 @@ class BigQueryClient:
                 self.client.update_table(table, ["schema"], retry=RETRY, timeout=HTTP_TIMEOUT)
 
     def set_primary_key(self, name: str, keys: Sequence[str], doing: str) -> None:
-        """The key as a table constraint (BigQuery: not enforced, known to the optimiser) and in
-        the description, which servers without constraints keep."""
+        """The key as the last line of the table's description (see `KEY_NOTE`), the user's text
+        above it kept."""
         table = self.table(name, doing)
         if table is None:
             raise TerminalError(f"bigquery: {doing}: table {name!r} does not exist")
-        table.description = KEY_NOTE + json.dumps(list(keys))
-        table.table_constraints = bigquery.table.TableConstraints(
-            primary_key=bigquery.table.PrimaryKey(columns=list(keys)), foreign_keys=[]
-        )
+        table.description = with_key_note(table.description, keys)
         with translated_errors(doing):
-            self.client.update_table(table, ["description", "table_constraints"], retry=RETRY, timeout=HTTP_TIMEOUT)
+            self.client.update_table(table, ["description"], retry=RETRY, timeout=HTTP_TIMEOUT)
 
     def load(self, name: str, refs: Sequence[str], doing: str) -> None:
         """One load job appending the staged files `refs` (gs:// URIs, or local paths sent from
@@ -261,7 +451,7 @@ class BigQueryClient:
         config = bigquery.LoadJobConfig(
             source_format=bigquery.SourceFormat.NEWLINE_DELIMITED_JSON,
             write_disposition=bigquery.WriteDisposition.WRITE_APPEND,
-            ignore_unknown_values=True,  # keys a chunk holds only nulls for
+            ignore_unknown_values=False,  # a staging table has every key of its chunks: refuse, never drop
         )
         with translated_errors(doing):
             if all(ref.startswith("gs://") for ref in refs):
@@ -275,25 +465,59 @@ class BigQueryClient:
                 job.result(retry=RETRY, timeout=JOB_TIMEOUT)
 
     def insert_json(
-        self, name: str, rows: Sequence[Mapping[str, Any]], row_ids: Sequence[str] | None, doing: str
+        self,
+        name: str,
+        rows: Sequence[Mapping[str, Any]],
+        row_ids: Sequence[str] | None,
+        doing: str,
+        settling: Callable[[frozenset[str]], bool],
     ) -> None:
         """The streaming insert. No client-side retry: a row the emulator cannot take answers 500,
-        which the default retry would repeat for 10 minutes; the stream worker retries instead."""
+        which the default retry would repeat for 10 minutes; the stream worker retries instead.
+        Refusals: see `insert_errors_failure`; a table "not found" that `settling` says exists
+        (created moments ago: the streaming API sees it later) is transient."""
         with translated_errors(doing):
-            errors = self.client.insert_rows_json(
-                self._ref(name),
-                list(rows),
-                row_ids=bigquery.AutoRowIDs.GENERATE_UUID if row_ids is None else row_ids,
-                retry=None,
-                timeout=HTTP_TIMEOUT,
-            )
+            try:
+                errors = self.client.insert_rows_json(
+                    self._ref(name),
+                    list(rows),
+                    row_ids=bigquery.AutoRowIDs.GENERATE_UUID if row_ids is None else row_ids,
+                    retry=None,
+                    timeout=HTTP_TIMEOUT,
+                )
+            except api_errors.NotFound as exc:
+                kind = TransientError if settling(frozenset()) else TerminalError
+                raise kind(f"bigquery: {doing}: table not found by the streaming API: {_message(exc)}") from exc
         if errors:
-            first = errors[0].get("errors", [{}])[0]
-            raise TerminalError(f"bigquery: {doing}: {len(errors)} rows refused: {first.get('message', first)}")
+            raise insert_errors_failure(errors, len(rows), doing, settling)
 
     def drop_table(self, name: str, doing: str) -> None:
         with translated_errors(doing):
             self.client.delete_table(self._ref(name), not_found_ok=True, retry=RETRY, timeout=HTTP_TIMEOUT)
+
+
+def with_key_note(description: str | None, keys: Sequence[str]) -> str:
+    """`description` with its key line (`KEY_NOTE`) replaced by one for `keys` (none if empty)."""
+    lines = [line for line in (description or "").split("\n") if not line.startswith(KEY_NOTE)]
+    text = "\n".join(lines).rstrip()
+    if not keys:
+        return text
+    note = KEY_NOTE + json.dumps(list(keys))
+    return f"{text}\n\n{note}" if text else note
+
+
+def key_in_description(description: str | None) -> tuple[str, ...]:
+    """The key of the description's last `KEY_NOTE` line; () when it has none."""
+    for line in reversed((description or "").split("\n")):
+        if line.startswith(KEY_NOTE):
+            try:
+                found = json.loads(line[len(KEY_NOTE) :])
+            except ValueError:
+                return ()
+            if isinstance(found, list) and all(isinstance(k, str) for k in found):
+                return tuple(found)
+            return ()
+    return ()
 
 
 @contextmanager

@@ -6,16 +6,23 @@
   `BEGIN TRANSACTION; INSERT ... SELECT | MERGE ...; INSERT <markers>; COMMIT TRANSACTION;`: the
   pair's rows and its load markers become visible together or not at all. Staging tables and
   staged files are removed afterwards (tables also expire by themselves after a day).
+  The script runs as a query job whose id derives from the destination, table and files
+  (`commit_job_id`): a rerun of the same commit finds an earlier job and waits for it instead of
+  loading the rows twice, and a commit whose answer was lost waits for its job before reporting.
 - Schema: CREATE TABLE as DDL; new columns as DDL *and* a schema patch (`update_table`), see
-  `patch`; the primary key as a (not enforced) table constraint plus a note in the description.
+  `patch`; the primary key as a line of the table's description (no table constraint).
 - Stream: the streaming insert API (`insert_rows_json`, row ids = event ids); with a primary key,
-  which that API cannot upsert, one MERGE query per micro-batch from a JSON parameter.
+  which that API cannot upsert, one MERGE query per micro-batch from a JSON parameter, one at a
+  time per table in this process.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +38,7 @@ from google.cloud import bigquery
 from eventspark.destinations.base import (
     LOADS_TABLE,
     ORDER_COLUMN,
+    STAGE_PREFIX,
     DestinationError,
     Load,
     StagedChunk,
@@ -40,13 +48,14 @@ from eventspark.destinations.base import (
 from eventspark.destinations.bigquery.capabilities import CAPABILITIES
 from eventspark.destinations.bigquery.client import (
     GCS_STAGE_FOLDER,
-    KEY_NOTE,
     BigQueryClient,
     GoogleSettings,
     NdjsonStageTarget,
+    OutcomeUnknown,
     chunk_job,
     delete_objects,
     delete_stage_objects,
+    key_in_description,
     key_of,
 )
 from eventspark.destinations.bigquery.configuration import BigQueryDestination
@@ -65,6 +74,34 @@ CATALOG_THREADS = 8
 """Tables read at once by `read_tables`."""
 _EXPIRES = "expiration_timestamp = TIMESTAMP_ADD(CURRENT_TIMESTAMP(), INTERVAL 24 HOUR)"
 """Staging tables expire a day after their creation."""
+SCHEMA_SETTLE_SECONDS = 15 * 60.0
+"""How long, from the first refusal, a streaming insert refused for a table or column that the
+tables API already shows counts as transient (the streaming backend learns new tables and
+columns minutes after the tables API does); after that, as any refusal."""
+MAX_COMMIT_JOBS = 200
+"""Ids tried for one commit (`commit_job_id`, then `_1`, `_2`... after failed jobs)."""
+ONE_ALTER_ONLY = "Only one ALTER command per statement"
+"""bqemulator's refusal of an ALTER TABLE with several ADD COLUMN (BigQuery takes them)."""
+_TABLE_LOCKS: dict[tuple[str, str, str], threading.Lock] = {}
+_TABLE_LOCKS_GUARD = threading.Lock()
+
+
+def _table_lock(project: str, dataset: str, table: str) -> threading.Lock:
+    """The process-wide lock of one table: one stream MERGE at a time (BigQuery queues at most
+    2 running and 20 pending mutating DML statements per table, and conflicting ones abort)."""
+    with _TABLE_LOCKS_GUARD:
+        return _TABLE_LOCKS.setdefault((project, dataset, table), threading.Lock())
+
+
+def commit_job_id(project: str, dataset: str, load: Load) -> str:
+    """The query job id of a commit: a hash of where it goes and of its files (order aside)."""
+    key = json.dumps([project, dataset, load.dest_id, load.table.name, sorted(set(load.files))])
+    return "eventspark_commit_" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def dest_tag(dest_id: str) -> str:
+    """8 hex digits naming a destination in its staging tables' names (ids may hold any text)."""
+    return hashlib.sha256(dest_id.encode()).hexdigest()[:8]
 
 
 def build(dest_id: str, dest: BigQueryDestination, events_dir: Path) -> BigQueryWarehouse:
@@ -84,6 +121,7 @@ def settings_of(dest: BigQueryDestination) -> GoogleSettings:
         gcs_endpoint=google.gcs_endpoint,
         key_path=key_path,
         key_info=key_info,
+        location=google.bq_location,
     )
 
 
@@ -99,6 +137,10 @@ class BigQueryWarehouse(SqlWarehouse):
     def __init__(self, dest_id: str, settings: GoogleSettings, staging_dir: Path) -> None:
         super().__init__(dest_id, settings.dataset, staging_dir)
         self.settings = settings
+        self._stage_tag = dest_tag(dest_id)
+        self._refused_since: dict[tuple[str, frozenset[str]], float] = {}
+        """(table, columns) → when the streaming API first refused them while the tables API
+        showed them (see `_settling`)."""
 
     # --- connection and catalog -------------------------------------------------------------------
 
@@ -158,12 +200,11 @@ class BigQueryWarehouse(SqlWarehouse):
 
     def _alter(self, client: BigQueryClient, table: str, adds: Sequence[str], doing: str) -> None:
         """One ALTER TABLE adding every column (a table's metadata may change only a few times
-        in 10 s on BigQuery); one per column where that is refused (bqemulator: "Only one ALTER
-        command per statement")."""
+        in 10 s on BigQuery); one per column only after bqemulator's `ONE_ALTER_ONLY` refusal."""
         try:
             client.execute(f"ALTER TABLE {self.name(table)} {', '.join(adds)}", doing)
-        except TerminalError:
-            if len(adds) == 1:
+        except TerminalError as exc:
+            if len(adds) == 1 or not one_alter_only(exc):
                 raise
             for add in adds:
                 client.execute(f"ALTER TABLE {self.name(table)} {add}", doing)
@@ -179,23 +220,59 @@ class BigQueryWarehouse(SqlWarehouse):
 
     def commit(self, load: Load) -> None:
         """Staging tables, then one transaction moving their rows into the target with the load
-        markers, then the staging tables and staged files removed (a failure there is logged:
-        `drop_stages` / `drop_stale_stages` and the tables' expiry catch up)."""
+        markers, run as a job with a chosen id (`_commit_job`), then the staging tables and
+        staged files removed (a failure there is logged: `drop_stages` / `drop_stale_stages` and
+        the tables' expiry catch up). When the job's end could not be learnt (`OutcomeUnknown`)
+        the staging tables are kept: the job may still read them."""
         doing = f"loading table {load.table.name!r}"
         with self._session() as client:
             assert isinstance(client, BigQueryClient)
+            job_id = self._commit_job(client, load, doing)
+            if job_id == "":  # an earlier run of this commit did it
+                self._discard_chunks(client, load.chunks)
+                return
             loaded: list[tuple[str, Mapping[str, DataType]]] = []
+            keep = False
             try:
                 self._load_stages(client, load, loaded, doing)
-                with client.transaction(doing):
+                with client.transaction(doing, job_id):
                     if loaded:
                         client.execute(self._move(load, loaded), doing)
                     markers = self._markers(load)
                     if markers is not None:
                         client.execute(markers, doing)
+            except OutcomeUnknown:
+                keep = True
+                raise
             finally:
-                self._drop_quietly(client, [name for name, _ in loaded])
+                if not keep:
+                    self._drop_quietly(client, [name for name, _ in loaded])
             self._discard_chunks(client, load.chunks)
+
+    def _commit_job(self, client: BigQueryClient, load: Load, doing: str) -> str | None:
+        """The id for the commit's job: `commit_job_id`, or after failed jobs of earlier runs
+        `<id>_1`, `<id>_2`...; "" when a job of an earlier run succeeded and the markers of the
+        load are in (a pass that lost the job's answer, or read the markers before the job
+        ended); None (any id) for a load without files (nothing to recognise it by)."""
+        if not load.files:
+            return None
+        base = commit_job_id(client.client.project, self.schema, load)
+        for attempt in range(MAX_COMMIT_JOBS):
+            job_id = base if attempt == 0 else f"{base}_{attempt}"
+            job = client.find_job(job_id, doing)
+            if job is None:
+                return job_id
+            if client.wait_for(job, doing) and self._committed(load):
+                log.info("bigquery: %s: job %s of an earlier run committed it", doing, job_id)
+                return ""
+        log.warning(
+            "bigquery: %s: %d earlier jobs of this commit failed: using a random job id", doing, MAX_COMMIT_JOBS
+        )
+        return None
+
+    def _committed(self, load: Load) -> bool:
+        wanted = {(f, load.table.name) for f in load.files}
+        return wanted <= self.loaded_files(load.dest_id, load.files)
 
     def _load_stages(
         self, client: BigQueryClient, load: Load, loaded: list[tuple[str, Mapping[str, DataType]]], doing: str
@@ -208,7 +285,7 @@ class BigQueryWarehouse(SqlWarehouse):
             groups.setdefault(frozenset(chunk.columns.items()), []).append(chunk)
         for chunks in groups.values():
             columns = chunks[0].columns
-            name = stages.new_stage_table(chunk_job(chunks[0].ref) or new_job_id(time.time()))
+            name = self.stage_table_name(chunk_job(chunks[0].ref) or new_job_id(time.time()))
             defs = ", ".join(f"{self.dialect.quote(c)} {sql_type(STAGE_FIELD_TYPES[t])}" for c, t in columns.items())
             # DDL rather than the tables API, which bqemulator fails (HTTP 500) for column names
             # with quotes; the table expires by itself should no pass ever drop it.
@@ -298,6 +375,11 @@ class BigQueryWarehouse(SqlWarehouse):
             except DestinationError as exc:
                 log.warning("bigquery: could not delete staged files: %s", exc)
 
+    def stage_table_name(self, job_id: str) -> str:
+        """A new staging table of job `job_id`: `_es_stage_<job>_<destination tag>_<random>`, so
+        that destinations sharing a dataset each drop only their own."""
+        return f"{STAGE_PREFIX}{job_id}_{self._stage_tag}_{uuid.uuid4().hex[:12]}"
+
     def _drop_stages_where(self, test: Callable[[str], Callable[[str], bool]]) -> None:
         """Staged files (local and on GCS) and staging tables a crashed commit left."""
         super()._drop_stages_where(test)
@@ -305,11 +387,12 @@ class BigQueryWarehouse(SqlWarehouse):
         if self.settings.bucket:
             delete_stage_objects(self.settings, self.dest_id, matches)
         doing = "dropping staging tables"
+        mine = re.compile(rf"_{self._stage_tag}_[0-9a-f]{{12}}$")
         with self._session() as client:
             assert isinstance(client, BigQueryClient)
             for name in client.table_names(doing):
                 job = stages.stage_job(name)
-                if job is not None and matches(job):
+                if job is not None and mine.search(name) and matches(job):
                     client.drop_table(name, doing)
 
     # --- stream -----------------------------------------------------------------------------------
@@ -325,35 +408,82 @@ class BigQueryWarehouse(SqlWarehouse):
         if not table.primary_keys:
             values = [{c: _json_value(row.get(c)) for c in columns} for row in rows]
             ids = [str(row[EVENT_ID]) for row in rows if row.get(EVENT_ID) is not None]
-            client.insert_json(table.name, values, ids if len(ids) == len(rows) else None, doing)
+            row_ids = ids if len(ids) == len(rows) else None
+
+            def settling(fields: frozenset[str]) -> bool:
+                return self._settling(client, table.name, fields)
+
+            client.insert_json(table.name, values, row_ids, doing, settling)
+            for key in [k for k in self._refused_since if k[0] == table.name]:
+                del self._refused_since[key]
             return
         quote = self.dialect.quote
         columns = [*columns, *(k for k in table.primary_keys if k not in columns)]
         param = f"rows_{uuid.uuid4().hex[:12]}"
+        # Every value travels as JSON text (or null), cast from it: no JSON number is read as a
+        # double on the way, so integers beyond 2^53 stay exact.
         values_sql = ", ".join(
-            f"CAST(JSON_VALUE(r, '$[{i}]') AS {sql_type(table.columns[c])}) AS {quote(c)}"
-            for i, c in enumerate(columns)
+            f"{self._from_text(_element(i), table.columns[c])} AS {quote(c)}" for i, c in enumerate(columns)
         )
         source = f"SELECT {values_sql} FROM UNNEST(JSON_QUERY_ARRAY(@{param})) AS r"
-        payload = orjson.dumps([[_json_value(row.get(c)) for c in columns] for row in rows]).decode()
+        payload = orjson.dumps([[_text(row.get(c)) for c in columns] for row in rows]).decode()
         parameter = bigquery.ScalarQueryParameter(param, "STRING", payload)
-        client.execute(self._merge(table, columns, source), doing, [parameter])
+        with _table_lock(client.client.project, self.schema, table.name):
+            client.execute(self._merge(table, columns, source), doing, [parameter])
+
+    def _from_text(self, text_sql: str, column_type: str) -> str:
+        """The SQL of a value of `column_type` from SQL text `text_sql`: PARSE_JSON for JSON
+        columns (as the batch load does), else CAST."""
+        target = sql_type(column_type)
+        if data_type_of_bigquery(column_type) is None and target.upper() == "JSON":
+            return f"PARSE_JSON({text_sql})"
+        return f"CAST({text_sql} AS {target})"
+
+    def _settling(self, client: BigQueryClient, table: str, fields: frozenset[str]) -> bool:
+        """Whether a streaming insert refused for `table` (fields empty: "not found") or for its
+        columns `fields` ("no such field") is the streaming API's delay: the tables API shows the
+        table and columns, and the first such refusal was less than `SCHEMA_SETTLE_SECONDS` ago."""
+        found = client.table(table, f"reading table {table!r} after a refused insert")
+        if found is None:
+            return False
+        have = {f.name.lower() for f in found.schema}
+        if not {f.lower() for f in fields} <= have:
+            return False
+        first = self._refused_since.setdefault((table, fields), time.monotonic())
+        return time.monotonic() - first < SCHEMA_SETTLE_SECONDS
 
 
 def primary_key_of(table: bigquery.Table) -> tuple[str, ...]:
-    """The table constraint's key, else the one noted in the description."""
-    constraints = table.table_constraints
-    if constraints is not None and constraints.primary_key is not None and constraints.primary_key.columns:
-        return tuple(constraints.primary_key.columns)
-    description = table.description or ""
-    if description.startswith(KEY_NOTE):
-        try:
-            found = json.loads(description[len(KEY_NOTE) :])
-        except ValueError:
-            return ()
-        if isinstance(found, list) and all(isinstance(k, str) for k in found):
-            return tuple(found)
-    return ()
+    """The key noted in the table's description (a PRIMARY KEY constraint, if the table has
+    one, is the user's: eventspark neither sets nor reads it)."""
+    return key_in_description(table.description)
+
+
+def one_alter_only(exc: TerminalError) -> bool:
+    """Whether `exc` is bqemulator's refusal of several ADD COLUMN in one ALTER TABLE."""
+    return ONE_ALTER_ONLY.lower() in str(exc).lower() or ONE_ALTER_ONLY.lower() in str(exc.__cause__ or "").lower()
+
+
+def _element(index: int) -> str:
+    """The SQL text of element `index` of the JSON array `r`."""
+    return f"JSON_VALUE(r, '$[{index}]')"
+
+
+def _text(value: Any) -> str | None:
+    """A value as the text its column's CAST (or PARSE_JSON) reads: booleans as true/false,
+    numbers exactly (floats as their shortest round-trip text), instants as ISO 8601, objects
+    and arrays (JSON columns) as JSON text."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | Decimal):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    return orjson.dumps(value, default=str).decode()
 
 
 def _json_value(value: Any) -> Any:
