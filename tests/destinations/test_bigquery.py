@@ -723,3 +723,303 @@ def test_stream_merge_parses_json_columns_and_keeps_big_integers(
     adapter.insert(target, [{"id": "a", "n": -(2**53) - 1, "doc": '{"k": 2}'}, {"id": "b", "n": 1, "doc": None}])
     got = _query(bigquery_emulator, f"SELECT id, n, TO_JSON_STRING(doc) FROM `{bq_dataset}`.j ORDER BY id")
     assert got == [("a", -(2**53) - 1, '{"k":2}'), ("b", 1, None)]
+
+
+def _error(code: int, reason: str, message: str) -> bytes:
+    return json.dumps(
+        {"error": {"code": code, "message": message, "errors": [{"reason": reason, "message": message}]}}
+    ).encode()
+
+
+def _commit_job_of(method: str, path: str, body: bytes) -> str | None:
+    if method == "POST" and path.split("?")[0].endswith("/jobs") and b"eventspark_commit_" in body:
+        return str(json.loads(body)["jobReference"]["jobId"])
+    return None
+
+
+def test_a_commit_whose_answer_is_lost_commits_once(
+    bigquery_emulator: BigQueryEmulator, bq_recorder: Any, bq_dataset: str, tmp_path: Path
+) -> None:
+    """The commit job reaches the server, but its answer is lost (the proxy turns it into a 503);
+    the client library sends the request again, which BigQuery refuses with 409 as a duplicate
+    job id (the proxy answers that: the emulator would run the job a second time). The commit
+    finds its job, waits for it and succeeds: rows and markers once."""
+    submitted: list[str] = []
+
+    def answer(method: str, path: str, body: bytes) -> tuple[int, bytes] | None:
+        job_id = _commit_job_of(method, path, body)
+        if job_id is not None and job_id in submitted:
+            return 409, _error(409, "duplicate", f"Already Exists: Job test-proj:US.{job_id}")
+        return None
+
+    def rewrite(method: str, path: str, body: bytes, status: int, payload: bytes) -> tuple[int, bytes] | None:
+        job_id = _commit_job_of(method, path, body)
+        if job_id is not None and status == 200 and job_id not in submitted:
+            submitted.append(job_id)
+            return 503, _error(503, "backendError", "the answer was lost")
+        return None
+
+    bq_recorder.answer, bq_recorder.rewrite = answer, rewrite
+    adapter = _recorded_adapter(bigquery_emulator, bq_recorder, bq_dataset, tmp_path)
+    try:
+        contract = AdapterContract()
+        target = contract.create(adapter, "lost", {"n": INT})
+        adapter.commit(Load("d", target, [contract.stage(adapter, "jobl", {"n": INT}, [[1], [2]])], ["l1"]))
+    finally:
+        adapter.close()
+    assert len(submitted) == 1
+    assert len([r for r in bq_recorder.requests if _commit_job_of(*r) == submitted[0]]) == 2
+    assert _query(bigquery_emulator, f"SELECT n FROM `{bq_dataset}`.lost ORDER BY n") == [(1,), (2,)]
+    assert _markers(bigquery_emulator, bq_dataset) == [("l1", "lost")]
+
+
+def test_a_commit_that_cannot_read_its_result_waits_for_its_job(
+    bigquery_emulator: BigQueryEmulator, bq_recorder: Any, bq_dataset: str, tmp_path: Path
+) -> None:
+    """Reading the commit job's result fails (the proxy answers the first read with an error):
+    the commit asks for the job itself, finds it done without error, and reports the pair
+    committed rather than failed."""
+    failed: list[str] = []
+
+    def answer(method: str, path: str, body: bytes) -> tuple[int, bytes] | None:
+        if method == "GET" and "/queries/eventspark_commit_" in path and not failed:
+            failed.append(path)
+            return 400, _error(400, "invalid", "the result could not be read")
+        return None
+
+    bq_recorder.answer = answer
+    adapter = _recorded_adapter(bigquery_emulator, bq_recorder, bq_dataset, tmp_path)
+    try:
+        contract = AdapterContract()
+        target = contract.create(adapter, "w", {"n": INT})
+        adapter.commit(Load("d", target, [contract.stage(adapter, "jobw", {"n": INT}, [[1]])], ["l1"]))
+    finally:
+        adapter.close()
+    assert failed
+    assert _query(bigquery_emulator, f"SELECT n FROM `{bq_dataset}`.w") == [(1,)]
+
+
+# --- error classification, on the exceptions google-api-core raises ---------------------------------
+
+
+def test_query_refusals_that_go_away_are_transient() -> None:
+    """Real-BigQuery-only refusals (not observed here: the emulator has no streaming buffer and no
+    DML queue), classified by their documented messages on api-core's own exception objects."""
+    from google.api_core import exceptions as api_errors
+
+    from eventspark.destinations.bigquery.client import job_error, translated_errors
+
+    def kind(exc: Exception) -> type[Exception]:
+        with pytest.raises((TransientError, TerminalError)) as raised, translated_errors("testing"):
+            raise exc
+        return type(raised.value)
+
+    buffer = (
+        "UPDATE or DELETE statement over table p.d.t would affect rows in the streaming buffer, which is not supported"
+    )
+    dml = (
+        "Resources exceeded during query execution: Too many DML statements outstanding against table p:d.t, "
+        "limit is 20."
+    )
+    serialize = "Could not serialize access to table p:d.t due to concurrent update"
+    for message, reason in [(buffer, "invalidQuery"), (dml, "resourcesExceeded"), (serialize, "invalidQuery")]:
+        assert kind(api_errors.BadRequest(message, errors=[{"reason": reason, "message": message}])) is TransientError
+        assert isinstance(job_error({"reason": reason, "message": message}, "testing"), TransientError)
+    assert (
+        kind(api_errors.Forbidden("Exceeded rate limits", errors=[{"reason": "rateLimitExceeded"}])) is TransientError
+    )
+    assert kind(api_errors.InternalServerError("oops")) is TransientError
+    bad = "Unrecognized name: nope at [1:8]"
+    assert kind(api_errors.BadRequest(bad, errors=[{"reason": "invalidQuery", "message": bad}])) is TerminalError
+    assert kind(api_errors.Forbidden("Access Denied", errors=[{"reason": "accessDenied"}])) is TerminalError
+    assert isinstance(job_error({"reason": "invalidQuery", "message": bad}, "testing"), TerminalError)
+
+
+def test_streaming_row_refusals_by_reason() -> None:
+    from eventspark.destinations.bigquery.client import insert_errors_failure
+
+    def rows(*pairs: tuple[str, str]) -> list[dict[str, Any]]:
+        return [{"index": i, "errors": [{"reason": r, "message": m}]} for i, (r, m) in enumerate(pairs)]
+
+    never = lambda fields: False  # noqa: E731
+    always = lambda fields: True  # noqa: E731
+    for reason in ("stopped", "backendError", "internalError", "timeout"):
+        assert isinstance(insert_errors_failure(rows((reason, "")), 1, "t", never), TransientError)
+    mixed = insert_errors_failure(rows(("stopped", ""), ("invalid", "Cannot convert value to integer.")), 2, "t", never)
+    assert isinstance(mixed, TerminalError) and "1 of 2 rows invalid: row 1: Cannot convert" in str(mixed)
+    lag = rows(("invalid", "no such field: new_col."), ("stopped", ""))
+    assert isinstance(insert_errors_failure(lag, 2, "t", always), TransientError)
+    assert isinstance(insert_errors_failure(lag, 2, "t", never), TerminalError)
+    seen: list[frozenset[str]] = []
+    insert_errors_failure(lag, 2, "t", lambda fields: seen.append(fields) or True)
+    assert seen == [frozenset({"new_col"})]
+    both = rows(("invalid", "no such field: new_col."), ("invalid", "Cannot convert value to integer."))
+    assert isinstance(insert_errors_failure(both, 2, "t", always), TerminalError)
+
+
+def test_alter_fallback_only_after_the_emulators_refusal() -> None:
+    from google.api_core import exceptions as api_errors
+
+    from eventspark.destinations.bigquery.load import one_alter_only
+
+    refusal = api_errors.BadRequest("Only one ALTER command per statement is supported")
+    other = api_errors.Forbidden("Exceeded rate limits: too many table update operations for this table")
+    assert one_alter_only(_terminal(refusal)) and not one_alter_only(_terminal(other))
+
+
+def _terminal(exc: Exception) -> TerminalError:
+    error = TerminalError(f"bigquery: testing: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+# --- exactly once: a pass killed between the load job and the transaction -------------------------
+
+
+@pytest.mark.spark
+def test_a_pass_killed_after_the_load_job_then_rerun_loads_every_event_once(
+    spark: Any, tmp_path: Path, bigquery_emulator: BigQueryEmulator, bq_dataset: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit's load job has filled the staging table, then the pass dies before the
+    transaction (SystemExit from a wrapper around the client's `load`: batch/ has no fault point
+    inside a commit). Nothing reached the table or the markers; the rerun loads every event once
+    and no staging table, staged file or object is left."""
+    from tests.batch.helpers import event, put_log
+
+    loaded = _config(tmp_path, bigquery_emulator, bq_dataset, "t", gcs=True)
+    log = put_log(tmp_path, [event(str(i), n=i) for i in range(4)])
+    real_load = BigQueryClient.load
+    seen: list[set[str]] = []
+
+    def load_then_die(self: BigQueryClient, name: str, refs: Any, doing: str) -> None:
+        real_load(self, name, refs, doing)
+        seen.append(_tables(bigquery_emulator, bq_dataset))
+        raise SystemExit("killed after the load job")
+
+    monkeypatch.setattr(BigQueryClient, "load", load_then_die)
+    with pytest.raises(SystemExit):
+        _batch(spark, loaded)
+    monkeypatch.undo()
+    assert [t for t in seen[0] if t.startswith(STAGE_PREFIX)], "the load job had filled a staging table"
+    assert _query(bigquery_emulator, f"SELECT count(*) FROM `{bq_dataset}`.t") == [(0,)]
+    assert _markers(bigquery_emulator, bq_dataset) == []
+    assert log.exists()
+
+    assert _batch(spark, loaded).ok and not log.exists()
+    ids = _query(bigquery_emulator, f"SELECT eventn_ctx_event_id FROM `{bq_dataset}`.t ORDER BY 1")
+    assert ids == [(str(i),) for i in range(4)]
+    assert not [t for t in _tables(bigquery_emulator, bq_dataset) if t.startswith(STAGE_PREFIX)]
+    assert not [p for p in (tmp_path / "events" / "staging").rglob("*") if p.is_file()]
+    storage = bigquery_emulator.storage()
+    try:
+        objects = [b.name for b in storage.list_blobs(bigquery_emulator.bucket, prefix=f"{GCS_STAGE_FOLDER}/")]
+    finally:
+        storage.close()
+    assert [name for name in objects if name.split("/")[2] == "bq_pass"] == []
+
+
+def test_a_commit_whose_job_cannot_be_reached_keeps_its_stage_and_the_rerun_finds_the_job(
+    bigquery_emulator: BigQueryEmulator,
+    bq_recorder: Any,
+    bq_dataset: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The commit job runs on the server, then every request about it fails (503) until the
+    commit gives up: OutcomeUnknown (transient), staging table kept (the job could still need
+    it). Once the API answers again, the rerun of the pair finds the job done and its markers in,
+    and loads nothing again."""
+    from google.cloud.bigquery.retry import DEFAULT_RETRY
+
+    from eventspark.destinations.bigquery import client as bq_client
+    from eventspark.destinations.bigquery.client import OutcomeUnknown
+
+    monkeypatch.setattr(bq_client, "RETRY", DEFAULT_RETRY.with_deadline(0.5))
+    monkeypatch.setattr(bq_client, "SETTLE_SECONDS", 0.5)
+    lost: list[str] = []
+
+    def about_the_job(method: str, path: str, body: bytes) -> bool:
+        route = path.split("?")[0]
+        return bool(lost) and (
+            _commit_job_of(method, path, body) == lost[0] or route.endswith((f"/jobs/{lost[0]}", f"/queries/{lost[0]}"))
+        )
+
+    def answer(method: str, path: str, body: bytes) -> tuple[int, bytes] | None:
+        return (503, _error(503, "backendError", "unreachable")) if about_the_job(method, path, body) else None
+
+    def rewrite(method: str, path: str, body: bytes, status: int, payload: bytes) -> tuple[int, bytes] | None:
+        job_id = _commit_job_of(method, path, body)
+        if job_id is not None and not lost:
+            lost.append(job_id)
+            return 503, _error(503, "backendError", "unreachable")
+        return None
+
+    bq_recorder.answer, bq_recorder.rewrite = answer, rewrite
+    adapter = _recorded_adapter(bigquery_emulator, bq_recorder, bq_dataset, tmp_path)
+    contract = AdapterContract()
+    try:
+        target = contract.create(adapter, "u", {"n": INT})
+        with pytest.raises(OutcomeUnknown, match="may still commit"):
+            adapter.commit(Load("d", target, [contract.stage(adapter, "jobu1", {"n": INT}, [[1]])], ["l1"]))
+        assert [t for t in _tables(bigquery_emulator, bq_dataset) if t.startswith(STAGE_PREFIX)]
+        assert _query(bigquery_emulator, f"SELECT n FROM `{bq_dataset}`.u") == [(1,)]  # it did commit
+        bq_recorder.answer = bq_recorder.rewrite = None  # the API answers again
+        adapter.commit(Load("d", target, [contract.stage(adapter, "jobu2", {"n": INT}, [[1]])], ["l1"]))
+        assert _query(bigquery_emulator, f"SELECT n FROM `{bq_dataset}`.u") == [(1,)]
+        adapter.drop_stages("jobu1")
+        assert not [t for t in _tables(bigquery_emulator, bq_dataset) if t.startswith(STAGE_PREFIX)]
+    finally:
+        adapter.close()
+
+
+def test_stream_merges_into_one_table_run_one_at_a_time(
+    bigquery_emulator: BigQueryEmulator, bq_recorder: Any, bq_dataset: str, tmp_path: Path
+) -> None:
+    """Keyed stream inserts of several workers (adapters) of this process into one table: the
+    proxy sees at most one MERGE job in flight (BigQuery queues few mutating DML per table)."""
+    import threading
+
+    flight = {"now": 0, "most": 0}
+    guard = threading.Lock()
+
+    def is_merge(method: str, path: str, body: bytes) -> bool:
+        return method == "POST" and path.split("?")[0].endswith("/jobs") and b"MERGE" in body
+
+    def answer(method: str, path: str, body: bytes) -> tuple[int, bytes] | None:
+        if is_merge(method, path, body):
+            with guard:
+                flight["now"] += 1
+                flight["most"] = max(flight["most"], flight["now"])
+            time.sleep(0.2)
+        return None
+
+    def rewrite(method: str, path: str, body: bytes, status: int, payload: bytes) -> tuple[int, bytes] | None:
+        if is_merge(method, path, body):
+            with guard:
+                flight["now"] -= 1
+        return None
+
+    adapters = [_recorded_adapter(bigquery_emulator, bq_recorder, bq_dataset, tmp_path) for _ in range(3)]
+    try:
+        target = AdapterContract().create(adapters[0], "dml", {"id": S, "n": INT}, keys=("id",))
+        bq_recorder.answer, bq_recorder.rewrite = answer, rewrite
+        errors: list[BaseException] = []
+
+        def work(k: int) -> None:
+            try:
+                for i in range(2):
+                    adapters[k].insert(target, [{"id": f"{k}-{i}", "n": i}])
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        for adapter in adapters:
+            adapter.close()
+    assert errors == []
+    assert flight["most"] == 1
+    assert _query(bigquery_emulator, f"SELECT count(*) FROM `{bq_dataset}`.dml") == [(6,)]

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from eventspark.destinations.base import Load, TerminalError, TransientError
-from eventspark.destinations.snowflake.client import SnowflakeStageTarget
+from eventspark.destinations.base import ORDER_COLUMN, Load, StagedChunk, TerminalError, TransientError
+from eventspark.destinations.snowflake.client import LOAD_TIMEOUT, PINNED_SESSION, SnowflakeStageTarget, settings_of
 from eventspark.destinations.snowflake.configuration import SnowflakeDestination
 from eventspark.destinations.snowflake.dialect import DIALECT, NAMES, logical_name, stored_name
 from eventspark.destinations.snowflake.load import SnowflakeWarehouse
 from eventspark.steps.diff import TablePatch
 from eventspark.steps.typing import DataType
 from tests.destinations.contract import AdapterContract
-from tests.emulators.snowflake import SF_HOST, sf_rows
+from tests.emulators.snowflake import SF_HOST, internal_stage_url, sf_rows
 
 B, INT, F, T, S = DataType.BOOL, DataType.INT64, DataType.FLOAT64, DataType.TIMESTAMP, DataType.STRING
 
@@ -44,6 +44,21 @@ def block(port: int, db: str, **extra: Any) -> dict[str, Any]:
 
 def destination(port: int, db: str, **extra: Any) -> SnowflakeDestination:
     return SnowflakeDestination.model_validate({"type": "snowflake", "snowflake": block(port, db, **extra)})
+
+
+def _spy_statements(adapter: SnowflakeWarehouse) -> list[str]:
+    """The statements the adapter's client runs from now on (it connects first)."""
+    adapter.read_tables()
+    client: Any = adapter._client
+    executed: list[str] = []
+    run = client.execute
+
+    def execute(statement: str, *args: Any, **kwargs: Any) -> None:
+        executed.append(statement)
+        run(statement, *args, **kwargs)
+
+    client.execute = execute
+    return executed
 
 
 class TestSnowflakeAdapter(AdapterContract):
@@ -130,6 +145,27 @@ class TestSnowflakeAdapter(AdapterContract):
         assert sorted(self.query(adapter, "SELECT n FROM events_schema.x")) == [(1,), (2,)]
         assert adapter.loaded_files("d", ["l1"]) == {("l1", "x")}
 
+    def test_a_commit_whose_answer_is_lost_is_found_by_its_markers(self, adapter: SnowflakeWarehouse) -> None:
+        """The COMMIT ran but its answer never came back: the pair fails for this pass, and the
+        markers, committed with the rows, make the next pass skip it."""
+        target = self.create(adapter, "lost", {"n": INT})
+        chunk = self.stage(adapter, "jobl", {"n": INT}, [[1], [2]])
+        executed = _spy_statements(adapter)
+        client: Any = adapter._client
+        run = client.execute
+
+        def answer_lost(statement: str, *args: Any, **kwargs: Any) -> None:
+            run(statement, *args, **kwargs)
+            if statement == "COMMIT":
+                raise TransientError("connection reset after the COMMIT")
+
+        client.execute = answer_lost
+        with pytest.raises(TransientError):
+            adapter.commit(Load("d", target, [chunk], ["l1"]))
+        assert "COMMIT" in executed
+        assert adapter.loaded_files("d", ["l1"]) == {("l1", "lost")}
+        assert sorted(self.query(adapter, "SELECT n FROM events_schema.lost")) == [(1,), (2,)]
+
     def test_loaded_files_are_purged_and_the_pass_table_dropped(self, adapter: SnowflakeWarehouse) -> None:
         target = self.create(adapter, "p", {"n": INT})
         chunk = self.stage(adapter, "jobp", {"n": INT}, [[1]])
@@ -144,6 +180,58 @@ class TestSnowflakeAdapter(AdapterContract):
             adapter, "SELECT table_name FROM information_schema.tables WHERE table_schema = 'EVENTS_SCHEMA'"
         )
         assert sorted(t for (t,) in tables) == ["P", "_EVENTSPARK_LOADS"]
+
+    def test_a_file_the_pair_does_not_own_is_never_loaded(self, adapter: SnowflakeWarehouse) -> None:
+        """A file of a failed task attempt lies in the same pass folder as the pair's: the commit
+        COPYs only the files its chunks name, and leaves the other on the stage."""
+        target = self.create(adapter, "o", {"n": INT})
+        owned = [self.stage(adapter, "jobo", {"n": INT}, [[i]]) for i in (1, 2)]
+        orphan = self.stage(adapter, "jobo", {"n": INT}, [[99]])
+        executed = _spy_statements(adapter)
+        adapter.commit(Load("d", target, owned, ["l1"]))
+        assert sorted(self.query(adapter, "SELECT n FROM events_schema.o")) == [(1,), (2,)]
+        copies = [s for s in executed if s.startswith("COPY INTO")]
+        assert len(copies) == 2 and all(s.endswith("PURGE = TRUE") for s in copies)  # a table stage: per file
+        staging = orphan.ref.partition("/")[0]
+        (left,) = self.query(adapter, f'LIST @"EVENTS_SCHEMA".%{stored_name(staging)}')
+        assert left[0].endswith(orphan.ref.rpartition("/")[2])
+
+    def test_upsert_keeps_columns_the_load_lacks_as_a_merge_does(self, adapter: SnowflakeWarehouse) -> None:
+        """Batch and stream: a row whose key is stored is updated in the load's columns only."""
+        target = self.create(adapter, "m", {"id": S, "a": S, "b": S}, keys=("id",))
+        columns = {"id": S, "a": S, "b": S, ORDER_COLUMN: INT}
+        first = self.stage(adapter, "jobm", columns, [["x", "a1", "b1", 1], ["y", "a1", "b1", 2]])
+        adapter.commit(Load("d", target, [first], ["l1"], ordered=True))
+        second = self.stage(adapter, "jobm", {"id": S, "a": S, ORDER_COLUMN: INT}, [["x", "a2", 3], ["z", "a2", 4]])
+        adapter.commit(Load("d", target, [second], ["l2"], ordered=True))
+        adapter.insert(target, [{"id": "y", "b": "b3"}, {"id": "w", "b": "b3"}])
+        rows = self.query(adapter, "SELECT id, a, b FROM events_schema.m ORDER BY id")
+        assert rows == [("w", None, "b3"), ("x", "a2", "b1"), ("y", "a1", "b3"), ("z", "a2", None)]
+
+    def test_staged_values_keep_big_integers_fractions_and_offsets(self, adapter: SnowflakeWarehouse) -> None:
+        target = self.create(adapter, "bv", {"i": INT, "f": F, "t": T})
+        rows = [
+            [2**63 - 1, 1e-07, "2020-08-02T18:23:56.123456-05:30"],
+            [-(2**63), 12345678.25, "2020-08-02T18:23:56Z"],
+        ]
+        chunk = self.stage(adapter, "jobv", {"i": INT, "f": F, "t": T}, rows)
+        adapter.commit(Load("d", target, [chunk], ["l1"]))
+        got = self.query(
+            adapter,
+            "SELECT CAST(i AS VARCHAR), CAST(f AS VARCHAR), CAST(t AS VARCHAR) FROM events_schema.bv ORDER BY i",
+        )
+        assert [(i, float(f)) for i, f, _ in got] == [(str(-(2**63)), 12345678.25), (str(2**63 - 1), 1e-07)]
+        assert got[0][2].startswith("2020-08-02 18:23:56") and got[1][2].startswith("2020-08-02 23:53:56.123456")
+
+    def test_a_key_of_a_same_named_table_in_another_schema_is_not_read(self, adapter: SnowflakeWarehouse) -> None:
+        self.query(adapter, "CREATE SCHEMA other")
+        self.query(adapter, "CREATE TABLE other.twin (a text, PRIMARY KEY (a))")
+        found = self.create(adapter, "twin", {"a": S})
+        assert found.primary_keys == () and adapter.read_tables()["twin"].primary_keys == ()
+
+    def test_a_composite_key_reads_back_in_key_order(self, adapter: SnowflakeWarehouse) -> None:
+        found = self.create(adapter, "ck", {"a": S, "b": S, "c": S}, keys=("c", "a"))
+        assert found.primary_keys == ("c", "a")
 
     def test_stream_insert_converts_text_to_column_types(self, adapter: SnowflakeWarehouse) -> None:
         target = self.create(adapter, "s", {"b": B, "i": INT, "f": F, "t": T, "s": S})
@@ -212,6 +300,18 @@ def test_unreachable_server_is_transient(snowflake_db: str) -> None:
     adapter = SnowflakeWarehouse("sf", destination(free_port(), snowflake_db))
     with pytest.raises(TransientError, match="connecting"):
         adapter.read_tables()
+
+
+@pytest.mark.parametrize(("errno", "kind"), [(604, TransientError), (630, TransientError), (100038, TerminalError)])
+def test_a_statement_snowflake_gave_up_on_is_transient(errno: int, kind: type[Exception]) -> None:
+    """Cancelled by the connector's timeout (604) or the statement timeout (630): retried later, never
+    a refusal of the data (which would send stream events to `failed`); a bad value (100038) is."""
+    from snowflake.connector.errors import ProgrammingError
+
+    from eventspark.destinations.snowflake.client import translated_errors
+
+    with pytest.raises(kind, match="loading: "), translated_errors("loading"):
+        raise ProgrammingError(msg="SQL execution canceled", errno=errno)
 
 
 def test_a_stage_name_that_is_not_sql_is_refused(fakesnow_server: int) -> None:
@@ -287,39 +387,77 @@ def test_s3_staging_uploads_files_and_copies_from_them(moto_s3: str, s3_bucket: 
     key = f"sf/in/{chunk.ref}"
     body = s3_client(moto_s3).get_object(Bucket=s3_bucket, Key=key)["Body"].read()
     assert gzip.decompress(body) == b'{"n":1}\n{"n":2}\n'
-    copy = adapter._copy_statement("_es_stage_0000000a_abc", chunk)
+    (copy,) = adapter._copy_statements("_es_stage_0000000a_abc", [chunk])
     assert copy == (
-        f'COPY INTO "EVENTS_SCHEMA"."_ES_STAGE_0000000A_ABC" FROM \'s3://{s3_bucket}/{key}\' '
-        "CREDENTIALS = (AWS_KEY_ID = 'testing' AWS_SECRET_KEY = 'testing') FILE_FORMAT = (TYPE = JSON) FORCE = TRUE"
+        f'COPY INTO "EVENTS_SCHEMA"."_ES_STAGE_0000000A_ABC" FROM \'s3://{s3_bucket}/sf/in/_es_stage_0000000a_abc/\' '
+        "CREDENTIALS = (AWS_KEY_ID = 'testing' AWS_SECRET_KEY = 'testing') "
+        f"FILES = ('{chunk.ref.rpartition('/')[2]}') "
+        "FILE_FORMAT = (TYPE = JSON COMPRESSION = GZIP) ON_ERROR = ABORT_STATEMENT FORCE = TRUE"
     )
     adapter._discard_chunks(None, [chunk])  # type: ignore[arg-type]  # deletes the objects after a commit
     listed = s3_client(moto_s3).list_objects_v2(Bucket=s3_bucket)
     assert listed.get("KeyCount", 0) == 0
 
 
-def test_named_stage_copies_from_it_and_loads(adapter_named: tuple[SnowflakeWarehouse, int, str]) -> None:
+def test_named_stage_loads_a_pair_with_one_copy_naming_its_files(
+    adapter_named: tuple[SnowflakeWarehouse, int, str],
+) -> None:
+    """One COPY per pair (FILES = the pair's files), PURGE of what it loaded, an orphan file left."""
     adapter, port, db = adapter_named
     target = AdapterContract().create(adapter, "n", {"n": INT})
     stage = adapter.stage_target("jobn")
     writer = stage.open()
-    chunk = writer.write_json({"n": INT}, b'{"n":7}\n', 1)
+    chunks = [writer.write_json({"n": INT}, b'{"n":%d}\n' % i, 1) for i in (7, 8, 9)]
+    orphan = writer.write_json({"n": INT}, b'{"n":99}\n', 1)
     writer.close()
-    assert adapter._copy_statement(chunk.ref.partition("/")[0], chunk).startswith(
-        f'COPY INTO "EVENTS_SCHEMA"."{stored_name(chunk.ref.partition("/")[0])}" FROM @my_stage/eventspark/'
+    executed = _spy_statements(adapter)
+    adapter.commit(Load("d", target, chunks, ["l1"]))
+    (copy,) = [s for s in executed if s.startswith("COPY INTO")]
+    folder = chunks[0].ref.partition("/")[0]
+    files = ", ".join(f"'{c.ref.rpartition('/')[2]}'" for c in chunks)
+    assert copy == (
+        f'COPY INTO "EVENTS_SCHEMA"."{stored_name(folder)}" FROM @my_stage/eventspark/{folder}/ FILES = ({files}) '
+        "FILE_FORMAT = (TYPE = JSON COMPRESSION = GZIP) ON_ERROR = ABORT_STATEMENT FORCE = TRUE PURGE = TRUE"
     )
-    adapter.commit(Load("d", target, [chunk], ["l1"]))
-    assert sf_rows(port, "SELECT n FROM events_schema.n", database=db) == [(7,)]
-    assert sf_rows(port, "LIST @events_schema.my_stage", database=db) == []  # PURGE
+    assert sorted(sf_rows(port, "SELECT n FROM events_schema.n", database=db)) == [(7,), (8,), (9,)]
+    (left,) = sf_rows(port, "LIST @events_schema.my_stage", database=db)
+    assert left[0] == f"my_stage/eventspark/{orphan.ref}"
 
 
 @pytest.fixture
 def adapter_named(fakesnow_server: int, snowflake_db: str) -> Iterator[tuple[SnowflakeWarehouse, int, str]]:
     adapter = SnowflakeWarehouse("sf", destination(fakesnow_server, snowflake_db, stage="my_stage"))
     adapter.read_tables()  # the schema
-    sf_rows(fakesnow_server, "CREATE STAGE events_schema.my_stage", database=snowflake_db)
+    # An internal stage on Snowflake. Here it gets the URL of its own folder: fakesnow PUTs and
+    # LISTs there as for any internal stage, and runs COPY ... FILES only from a URL.
+    url = internal_stage_url(fakesnow_server, snowflake_db, "EVENTS_SCHEMA", "MY_STAGE")
+    sf_rows(fakesnow_server, f"CREATE STAGE events_schema.my_stage URL = '{url}'", database=snowflake_db)
     # The stage is named unqualified: the session's schema is the destination's.
     yield adapter, fakesnow_server, snowflake_db
     adapter.close()
+
+
+def test_copies_name_at_most_1000_files_each() -> None:
+    adapter = SnowflakeWarehouse("sf", destination(1, "X", stage="st"))
+    folder = "_es_stage_0000000c_abc"
+    chunks = [StagedChunk(f"{folder}/{i:032x}.json.gz", {"n": INT}, 1) for i in range(2001)]
+    copies = adapter._copy_statements(folder, chunks)
+    assert [c.count(".json.gz'") for c in copies] == [1000, 1000, 1]
+    assert all(
+        c.startswith(f'COPY INTO "EVENTS_SCHEMA"."{folder.upper()}" FROM @st/eventspark/{folder}/ ') for c in copies
+    )
+
+
+def test_session_parameters_eventspark_needs_win_over_the_config() -> None:
+    params = {"TIMEZONE": "Europe/Paris", "timestamp_type_mapping": "TIMESTAMP_LTZ", "QUERY_TAG": "es"}
+    settings = settings_of(destination(1, "X", parameters={**params, "network_timeout": "20"}), "EVENTS")
+    assert settings.session() == {"QUERY_TAG": "es", **PINNED_SESSION}
+    assert settings.bulk_timeout() == LOAD_TIMEOUT
+    assert settings_of(destination(1, "X", parameters={"load_timeout": "7200"}), "E").bulk_timeout() == 7200
+    # Never below network_timeout: a bulk statement gets at least what every statement gets.
+    assert settings_of(destination(1, "X", parameters={"load_timeout": "5"}), "E").bulk_timeout() == 300
+    with pytest.raises(TerminalError, match="network_timeout must be a number"):
+        settings_of(destination(1, "X", parameters={"network_timeout": "soon"}), "E")
 
 
 # --- batch passes on the shared SparkSession ---------------------------------------------------
@@ -419,13 +557,36 @@ def test_gcs_staging_uploads_files_anonymously_with_an_endpoint(fake_gcs: str) -
     writer.close()
     blob = client.bucket("sf-bucket").blob(f"in/{chunk.ref}")
     assert gzip.decompress(blob.download_as_bytes()) == b'{"n":1}\n'
-    copy = adapter._copy_statement("_es_stage_0000000b_abc", chunk)
+    (copy,) = adapter._copy_statements("_es_stage_0000000b_abc", [chunk])
     assert copy == (
-        f'COPY INTO "EVENTS_SCHEMA"."_ES_STAGE_0000000B_ABC" FROM @gcs_stage/in/{chunk.ref} '
-        "FILE_FORMAT = (TYPE = JSON) FORCE = TRUE"
+        f'COPY INTO "EVENTS_SCHEMA"."_ES_STAGE_0000000B_ABC" FROM @gcs_stage/in/_es_stage_0000000b_abc/ '
+        f"FILES = ('{chunk.ref.rpartition('/')[2]}') "
+        "FILE_FORMAT = (TYPE = JSON COMPRESSION = GZIP) ON_ERROR = ABORT_STATEMENT FORCE = TRUE"
     )
     adapter._discard_chunks(None, [chunk])  # type: ignore[arg-type]
     assert list(client.list_blobs("sf-bucket")) == []
+
+
+def test_s3_copy_uses_the_credential_chain_with_its_session_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without keys in the config: nothing is read when the adapter is built (no I/O); each COPY
+    gets what boto3 finds then, with the token that temporary keys need."""
+    for name in ("AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ASIA-first")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret-first")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "token-first")
+    adapter = SnowflakeWarehouse("sf", destination(1, "X", s3={"bucket": "b"}))
+    assert adapter.location.s3_key_id == "" and "first" not in repr(adapter.location)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ASIA-later")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "token-later")
+    chunk = StagedChunk("_es_stage_0000000d_abc/" + "0" * 32 + ".json.gz", {"n": INT}, 1)
+    (copy,) = adapter._copy_statements("_es_stage_0000000d_abc", [chunk])
+    assert "CREDENTIALS = (AWS_KEY_ID = 'ASIA-later' AWS_SECRET_KEY = 'secret-first' AWS_TOKEN = 'token-later')" in copy
+
+
+def test_a_google_folder_that_a_stage_path_cannot_hold_is_refused() -> None:
+    with pytest.raises(TerminalError, match=r"google\.folder"):
+        SnowflakeWarehouse("sf", destination(1, "X", stage="st", google={"gcs_bucket": "b", "folder": "a b'; x"}))
 
 
 def test_google_staging_needs_a_stage() -> None:

@@ -155,17 +155,21 @@ def bq_dataset(bigquery_emulator: BigQueryEmulator) -> Iterator[str]:
 # --- a recording HTTP proxy ------------------------------------------------------------------------
 
 Answer = Callable[[str, str, bytes], "tuple[int, bytes] | None"]
+Rewrite = Callable[[str, str, bytes, int, bytes], "tuple[int, bytes] | None"]
 
 
 class HttpRecorder:
     """A plain HTTP proxy in front of the emulator's REST endpoint, for tests of what eventspark
     sends: it records every request (method, path, body) and forwards it, unless `answer` returns
     a (status, JSON body) to reply with instead (a response BigQuery gives and the emulator does
-    not). The client library talks to it over HTTP as to any endpoint: nothing of it is mocked."""
+    not); `rewrite` may replace the emulator's response to a forwarded request (an answer lost
+    after the server acted). The client library talks to it over HTTP as to any endpoint:
+    nothing of it is mocked."""
 
     def __init__(self, upstream: str, answer: Answer | None = None) -> None:
         self.upstream = upstream.removeprefix("http://")
         self.answer = answer
+        self.rewrite: Rewrite | None = None
         self.requests: list[tuple[str, str, bytes]] = []
         recorder = self
 
@@ -192,6 +196,11 @@ class HttpRecorder:
                         }
                     finally:
                         connection.close()
+                    rewritten = (
+                        recorder.rewrite(self.command, self.path, body, status, payload) if recorder.rewrite else None
+                    )
+                    if rewritten is not None:
+                        status, payload = rewritten
                 self.send_response(status)
                 for key, value in headers.items():
                     self.send_header(key, value)

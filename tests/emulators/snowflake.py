@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 
 SF_HOST = "127.0.0.1"
+_FOLDERS: dict[int, Path] = {}
+"""The TMPDIR of the fakesnow server on each port (its internal stages live under it)."""
 
 
 def sf_connect(port: int, database: str | None = None, schema: str | None = None, **options: Any) -> Any:
@@ -58,6 +60,15 @@ def sf_rows(port: int, sql: str, params: Any = None, database: str | None = None
         conn.close()
 
 
+def internal_stage_url(port: int, database: str, schema: str, stage: str) -> str:
+    """The `file://` URL of the folder where the fakesnow server on `port` keeps the internal
+    stage `database.schema.stage` (stored names). A named stage created with this URL behaves as
+    the internal stage for PUT and LIST, and as an external one for COPY: fakesnow 0.12.1 accepts
+    COPY ... FILES = (...) only from a location with a URL scheme (copy_into.py `_source_urls`)."""
+    (bucket,) = _FOLDERS[port].glob("fakesnow_bucket_*")
+    return f"file://{bucket}/{database}/{schema}/{stage}/"
+
+
 def _free_port() -> int:
     from tests.destinations.conftest import free_port
 
@@ -82,8 +93,10 @@ def fakesnow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         )
     try:
         _wait_until_up(port, process, log)
+        _FOLDERS[port] = folder
         yield port
     finally:
+        _FOLDERS.pop(port, None)
         process.send_signal(signal.SIGINT)
         try:
             process.wait(15)

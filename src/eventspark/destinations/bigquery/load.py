@@ -397,6 +397,15 @@ class BigQueryWarehouse(SqlWarehouse):
 
     # --- stream -----------------------------------------------------------------------------------
 
+    def insert(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+        """With a key, under the table's process-wide lock (`_table_lock`): the MERGE job runs
+        when the shared `insert` leaves its transaction, so the lock is taken around it whole."""
+        if not table.primary_keys:
+            super().insert(table, rows)
+            return
+        with _table_lock(self.settings.project, self.schema, table.name):
+            super().insert(table, rows)
+
     def _insert_rows(
         self, client: SqlClient, table: Table, columns: Sequence[str], rows: Sequence[Mapping[str, Any]], doing: str
     ) -> None:
@@ -421,15 +430,15 @@ class BigQueryWarehouse(SqlWarehouse):
         columns = [*columns, *(k for k in table.primary_keys if k not in columns)]
         param = f"rows_{uuid.uuid4().hex[:12]}"
         # Every value travels as JSON text (or null), cast from it: no JSON number is read as a
-        # double on the way, so integers beyond 2^53 stay exact.
+        # double on the way (integers beyond 2^53 shown exact on the emulator; JSON_VALUE of a
+        # JSON string returns its text, so the same is expected of BigQuery, untested).
         values_sql = ", ".join(
             f"{self._from_text(_element(i), table.columns[c])} AS {quote(c)}" for i, c in enumerate(columns)
         )
         source = f"SELECT {values_sql} FROM UNNEST(JSON_QUERY_ARRAY(@{param})) AS r"
         payload = orjson.dumps([[_text(row.get(c)) for c in columns] for row in rows]).decode()
         parameter = bigquery.ScalarQueryParameter(param, "STRING", payload)
-        with _table_lock(client.client.project, self.schema, table.name):
-            client.execute(self._merge(table, columns, source), doing, [parameter])
+        client.execute(self._merge(table, columns, source), doing, [parameter])
 
     def _from_text(self, text_sql: str, column_type: str) -> str:
         """The SQL of a value of `column_type` from SQL text `text_sql`: PARSE_JSON for JSON

@@ -23,6 +23,18 @@ from eventspark.steps.typing import DataType
 
 CONNECTOR_OPTIONS = {"login_timeout": 60, "network_timeout": 300, "socket_timeout": None}
 """Connector arguments that `parameters` may set (seconds), with eventspark's defaults."""
+LOAD_TIMEOUT = 3600
+"""Seconds a bulk statement may run (PUT, COPY and the INSERT/UPDATE/DELETE of a commit):
+`parameters.load_timeout`. The connector cancels a statement after its timeout, `network_timeout`
+for every other statement (cursor.py: the "timebomb"), so a COPY must not get the 300 s default."""
+PINNED_SESSION: dict[str, Any] = {
+    "TIMEZONE": "UTC",  # event times are UTC; text without an offset is read as UTC
+    "TIMESTAMP_TYPE_MAPPING": "TIMESTAMP_NTZ",  # `timestamp(6)` columns are TIMESTAMP_NTZ in every account
+    "TIMESTAMP_INPUT_FORMAT": "AUTO",  # RFC 3339 text casts to TIMESTAMP_TZ
+    "QUOTED_IDENTIFIERS_IGNORE_CASE": False,  # "ünï_col" stays as written (the name rule)
+    "CLIENT_OUT_OF_BAND_TELEMETRY_ENABLED": False,  # no calls to Snowflake's own telemetry endpoints
+}
+"""Session parameters eventspark's SQL depends on: they win over the same keys in `parameters`."""
 _TRANSIENT = (
     sf_errors.OperationalError,
     sf_errors.InterfaceError,
@@ -34,6 +46,10 @@ _TRANSIENT = (
     sf_errors.OtherHTTPRetryableError,
 )
 _SESSION_EXPIRED = {390112, 390114}  # the session or its token expired: a new connection works
+_GAVE_UP = {604, 625, 630}
+"""Snowflake gave up on a statement, not on its data: cancelled (604: by the connector's timeout,
+whose message says so), a lock wait past LOCK_TIMEOUT (625), STATEMENT_TIMEOUT_IN_SECONDS (630).
+Transient: in stream mode a TerminalError sends the events to `failed`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +68,17 @@ class ConnectSettings:
     protocol: str = "https"
     session_parameters: tuple[tuple[str, str], ...] = ()
     options: tuple[tuple[str, float], ...] = ()
+    load_timeout: float = LOAD_TIMEOUT
+
+    def session(self) -> dict[str, Any]:
+        """The session parameters: the configured ones, then eventspark's pinned ones over them."""
+        given = {k: v for k, v in self.session_parameters if k.upper() not in PINNED_SESSION}
+        return {**given, **PINNED_SESSION}
+
+    def bulk_timeout(self) -> int:
+        """The connector's `timeout` of a bulk statement (never below `network_timeout`)."""
+        network = dict(self.options).get("network_timeout") or 0
+        return max(1, int(max(self.load_timeout, network)))
 
     def connect(self) -> Any:
         kwargs: dict[str, Any] = {
@@ -63,12 +90,7 @@ class ConnectSettings:
             "protocol": self.protocol,
             "paramstyle": "qmark",
             "autocommit": True,
-            # Event times are UTC; telemetry calls would go to Snowflake's own endpoints.
-            "session_parameters": {
-                "TIMEZONE": "UTC",
-                "CLIENT_OUT_OF_BAND_TELEMETRY_ENABLED": False,
-                **dict(self.session_parameters),
-            },
+            "session_parameters": self.session(),
             **dict(self.options),
         }
         for key, value in (("warehouse", self.warehouse), ("host", self.host), ("port", self.port)):
@@ -80,11 +102,19 @@ class ConnectSettings:
 
 
 def _cancel_quietly(conn: Any) -> None:
-    """A statement still running after `network_timeout` is cancelled from a timer thread; when the
-    server cannot be reached the cancel fails too, and its exception would escape that thread
-    (an unhandled-thread traceback per statement during an outage). The statement itself fails
-    with the connector's OperationalError all the same, so the cancel's failure is dropped."""
-    cancel = conn._cancel_query
+    """A statement still running after its timeout (`network_timeout`, or `load_timeout` for bulk
+    statements) is cancelled from a timer thread (connector 4.8 cursor.py, `_timebomb`); when the
+    server cannot be reached the cancel request fails too, and its exception escapes that thread
+    (an unhandled-thread traceback per statement during an outage). The statement itself fails with
+    the connector's OperationalError all the same, so the cancel's failure is dropped.
+
+    The connector has no public setting for this: `network_timeout` (or `execute(timeout=)`) is the
+    only bound on its retries of an unreachable server (network.py `RetryCtx`: without a timeout
+    `should_retry` never turns false), and the same value arms the timer. So this wraps the private
+    `_cancel_query` of one connection, and does nothing when a connector version lacks it."""
+    cancel = getattr(conn, "_cancel_query", None)
+    if not callable(cancel):
+        return
 
     def cancel_or_give_up(sql: str, request_id: Any) -> Any:
         try:
@@ -96,12 +126,23 @@ def _cancel_quietly(conn: Any) -> None:
 
 
 def settings_of(dest: SnowflakeDestination, schema: str) -> ConnectSettings:
+    """The connection settings of `dest`: `parameters` are session parameters, except the
+    connector's timeouts (`CONNECTOR_OPTIONS`) and `load_timeout`, in seconds."""
     sf = dest.snowflake
     session: dict[str, str] = {}
     options: dict[str, float] = {k: v for k, v in CONNECTOR_OPTIONS.items() if v is not None}
+    load_timeout = float(LOAD_TIMEOUT)
     for key, value in sf.parameters.items():
-        if key.lower() in CONNECTOR_OPTIONS:
-            options[key.lower()] = float(value)
+        name = key.lower()
+        if name in CONNECTOR_OPTIONS or name == "load_timeout":
+            try:
+                seconds = float(value)
+            except ValueError:
+                raise TerminalError(f"snowflake: parameters.{key} must be a number of seconds") from None
+            if name == "load_timeout":
+                load_timeout = seconds
+            else:
+                options[name] = seconds
         else:
             session[key] = value
     return ConnectSettings(
@@ -116,6 +157,7 @@ def settings_of(dest: SnowflakeDestination, schema: str) -> ConnectSettings:
         protocol=sf.protocol,
         session_parameters=tuple(session.items()),
         options=tuple(options.items()),
+        load_timeout=load_timeout,
     )
 
 
@@ -126,7 +168,8 @@ def translated_errors(doing: str) -> Iterator[None]:
     try:
         yield
     except sf_errors.Error as exc:
-        transient = isinstance(exc, _TRANSIENT) or getattr(exc, "errno", None) in _SESSION_EXPIRED
+        errno = getattr(exc, "errno", None)
+        transient = isinstance(exc, _TRANSIENT) or errno in _SESSION_EXPIRED or errno in _GAVE_UP
         kind = TransientError if transient else TerminalError
         raise kind(f"snowflake: {doing}: {_message(exc)}") from exc
 
@@ -140,12 +183,14 @@ class SnowflakeClient:
     """One autocommit connection; `transaction` groups statements (the session is in UTC)."""
 
     def __init__(self, settings: ConnectSettings) -> None:
+        self._bulk_timeout = settings.bulk_timeout()
         with translated_errors("connecting"):
             self.conn = settings.connect()
 
-    def execute(self, statement: str, doing: str, params: Sequence[Any] | None = None) -> None:
+    def execute(self, statement: str, doing: str, params: Sequence[Any] | None = None, bulk: bool = False) -> None:
+        """Runs `statement`; `bulk` ones (COPY, a commit's INSERT/UPDATE) may take `load_timeout`."""
         with translated_errors(doing), self.conn.cursor() as cur:
-            cur.execute(statement, params)
+            cur.execute(statement, params, timeout=self._bulk_timeout if bulk else None)
 
     def rows(self, statement: str, doing: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         with translated_errors(doing), self.conn.cursor() as cur:
@@ -158,7 +203,8 @@ class SnowflakeClient:
         try:
             yield
         except BaseException:
-            with suppress(TransientError):  # the connection is gone, and the transaction with it
+            # A failed ROLLBACK must not hide why: the connection (and its transaction) is gone.
+            with suppress(TransientError, TerminalError):
                 self.execute("ROLLBACK", doing)
             raise
         self.execute("COMMIT", doing)
@@ -251,7 +297,7 @@ class SnowflakeStageWriter:
                 if self._conn is None:
                     self._conn = self._target.settings.connect()
                 with self._conn.cursor() as cur:
-                    cur.execute(statement)
+                    cur.execute(statement, timeout=self._target.settings.bulk_timeout())
 
     def _upload_s3(self, ref: str, data: bytes, doing: str) -> None:
         location = self._target.location

@@ -54,7 +54,9 @@ class SnowflakeConfig(Section):
     it, each pass puts its files on the table stage of its own staging table."""
     parameters: dict[str, str] = Field(default_factory=dict)
     """Session parameters (QUERY_TAG, ...); the connector's `login_timeout`, `network_timeout` and
-    `socket_timeout` (seconds) are taken from here too."""
+    `socket_timeout`, and eventspark's `load_timeout` (seconds) are taken from here too. TIMEZONE,
+    TIMESTAMP_TYPE_MAPPING, TIMESTAMP_INPUT_FORMAT and QUOTED_IDENTIFIERS_IGNORE_CASE are pinned
+    (`client.PINNED_SESSION`): the same keys here are ignored."""
     host: str = ""
     """The connector's `host` (default `<account>.snowflakecomputing.com`)."""
     protocol: Literal["https", "http"] = "https"

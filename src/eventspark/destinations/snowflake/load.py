@@ -3,17 +3,18 @@
 Names follow EventNative's rule (`dialect.stored_name`): plain names are upper-cased, and every
 name is quoted.
 
-Batch: `stage_target` creates the pass's staging table `_es_stage_<job>_<dest hash>` (one VARIANT
-column) before the executors run; they write each chunk as a gzip JSON-lines file and PUT it on
-that table's stage (or the named `stage`, or upload it to S3 / GCS). `commit` then runs, in one
-transaction: one `COPY INTO` the staging table per file (PURGE removes an internal stage's file
-once loaded), one `INSERT ... SELECT` converting each value to its column's type (with a primary
-key, a `DELETE ... USING` of the keys first and only the last row of each key by `_es_seq`), the
-load markers, and a `DELETE` emptying the staging table for the next pair. The shared clean-up
-drops the staging tables of a pass when it ends (and those of killed passes later), and a table
-stage goes with its table.
+Batch: `stage_target` creates the pass's TRANSIENT staging table `_es_stage_<job>_<dest hash>`
+(one VARIANT column) before the executors run; they write each chunk as a gzip JSON-lines file and
+PUT it on that table's stage (or the named `stage`, or upload it to S3 / GCS). `commit` then runs,
+in one transaction: the COPYs of the pair's files into the staging table (one per 1,000 files
+named in FILES; one per file on a table stage, which fakesnow cannot COPY with FILES), one
+`INSERT ... SELECT` converting each value to its column's type (with a primary key, only the last
+row of each key by `_es_seq`, as an UPDATE of the stored keys and an INSERT of the new ones), the
+load markers, and a `DELETE` emptying the staging table for the next pair. Internal stages PURGE
+the files they load. The shared clean-up drops the staging tables of a pass when it ends (and
+those of killed passes later), and a table stage goes with its table.
 
-Stream: `INSERT ... SELECT ... FROM VALUES (?, ...), ...` (after a `DELETE ... USING` it with a key), values
+Stream: `INSERT ... SELECT ... FROM VALUES (?, ...), ...` (UPDATE + INSERT with a key), values
 bound as text, in statements of at most `STREAM_ROWS` rows.
 """
 
@@ -47,10 +48,13 @@ log = logging.getLogger(__name__)
 
 STREAM_ROWS = 1000
 """Rows per stream INSERT (Snowflake takes at most 16,384 rows in a VALUES list)."""
+COPY_FILES = 1000
+"""Files per COPY: Snowflake's limit on a FILES list."""
 _PART = r'(?:[A-Za-z_][A-Za-z0-9_$]*|"[^"\x00-\x1f]+")'
 _STAGE_NAME = re.compile(rf"^{_PART}(?:\.{_PART}){{0,2}}$")
 """A stage name as configured: one to three parts, plain or quoted."""
 _VARIANT_TYPES = ("VARIANT", "OBJECT", "ARRAY")
+_FOLDER = re.compile(r"[A-Za-z0-9_./-]*")
 _CHUNK_REF = re.compile(r"([a-z0-9_]+)/[0-9a-f]{32}\.json\.gz")
 """`<staging table>/<file>`, as the stage writer names chunks: written into COPY statements as is."""
 
@@ -92,12 +96,22 @@ class SnowflakeWarehouse(SqlWarehouse):
             params,
         )
         columns = [(logical_name(t), logical_name(c), _sql_type(d, p, s)) for t, c, d, p, s in found]
-        keys: dict[str, list[str]] = {}
-        for row in client.rows(f"SHOW PRIMARY KEYS IN SCHEMA {self.dialect.quote(self.schema)}", "reading tables"):
+        if name is not None and not columns:
+            return [], []  # no such table (SHOW ... IN TABLE would fail)
+        # SHOW PRIMARY KEYS: created_on, database_name, schema_name, table_name, column_name,
+        # key_sequence, ...; its rows come in no promised order: a key's columns by key_sequence
+        # (a stable sort: fakesnow reports 1 for every column, in the key's order). One table's
+        # keys when one is read (a commit reads its table), not the whole schema's.
+        scope = f"SCHEMA {self.dialect.quote(self.schema)}" if name is None else f"TABLE {self.name(name)}"
+        shown = client.rows(f"SHOW PRIMARY KEYS IN {scope}", "reading tables")
+        keys: dict[str, list[tuple[int, str]]] = {}
+        for row in shown:
             table, column = logical_name(row[3]), logical_name(row[4])
-            if name is None or table == name:
-                keys.setdefault(table, []).append(column)
-        return columns, list(keys.items())
+            # fakesnow's IN TABLE matches the table name in any schema
+            if row[2] == schema and (name is None or table == name):
+                keys.setdefault(table, []).append((int(row[5]), column))
+        by_sequence = {t: sorted(found, key=lambda seq_column: seq_column[0]) for t, found in keys.items()}
+        return columns, [(t, [c for _, c in found]) for t, found in by_sequence.items()]
 
     def _stage_tables(self, client: SqlClient) -> list[tuple[str, str]]:
         assert isinstance(client, SnowflakeClient)
@@ -118,21 +132,26 @@ class SnowflakeWarehouse(SqlWarehouse):
     # --- batch --------------------------------------------------------------------------------
 
     def stage_target(self, job_id: str, pass_bytes: int = 0) -> SnowflakeStageTarget:
-        """Creates the pass's staging table (its stage holds the files unless another is configured)."""
+        """Creates the pass's staging table (its stage holds the files unless another is configured).
+        TRANSIENT, without Time Travel: staged rows cost no Fail-safe or Time Travel storage."""
         digest = hashlib.sha256(self.dest_id.encode()).hexdigest()[:8]
         table = f"{STAGE_PREFIX}{job_id}_{digest}"
         if not re.fullmatch(r"[a-z0-9_]+", table):
             raise TerminalError(f"snowflake: job id {job_id!r} cannot name a staging table")
         with self._session() as client:
-            client.execute(f"CREATE TABLE IF NOT EXISTS {self.name(table)} (v VARIANT)", "creating the staging table")
+            client.execute(
+                f"CREATE TRANSIENT TABLE IF NOT EXISTS {self.name(table)} (v VARIANT) DATA_RETENTION_TIME_IN_DAYS = 0",
+                "creating the staging table",
+            )
         location = self.location
         if location.kind == "table":
             location = StageLocation("table", f"{self.dialect.quote(self.schema)}.%{stored_name(table)}")
         return SnowflakeStageTarget(self.settings, location, table)
 
     def _copy(self, client: SqlClient, load: Load, doing: str) -> None:
-        """Runs inside the commit's transaction: COPY each file into the staging table, move its
-        rows into the target, empty the staging table."""
+        """Runs inside the commit's transaction: COPY the pair's files into the staging table, move
+        its rows into the target, empty the staging table."""
+        assert isinstance(client, SnowflakeClient)
         if not load.chunks:
             return
         refs = [_CHUNK_REF.fullmatch(chunk.ref) for chunk in load.chunks]
@@ -142,29 +161,39 @@ class SnowflakeWarehouse(SqlWarehouse):
         if len(staging) != 1:
             raise TerminalError(f"snowflake: {doing}: chunks of several passes in one load")
         (table,) = staging
-        for chunk in load.chunks:
-            client.execute(self._copy_statement(table, chunk), doing)
+        for statement in self._copy_statements(table, load.chunks):
+            client.execute(statement, doing, bulk=True)
         for statement in self._move_statements(load, table):
-            client.execute(statement, doing)
-        client.execute(f"DELETE FROM {self.name(table)}", doing)
+            client.execute(statement, doing, bulk=True)
+        client.execute(f"DELETE FROM {self.name(table)}", doing, bulk=True)
 
-    def _copy_statement(self, table: str, chunk: StagedChunk) -> str:
+    def _copy_statements(self, table: str, chunks: Sequence[StagedChunk]) -> list[str]:
+        """The COPYs of `chunks` (files of the pass folder `table`) into the staging table: one per
+        at most `COPY_FILES` files, naming them in FILES, so that a file the pair does not own (a
+        failed task attempt's) is never loaded. On a table stage, one COPY per file naming it in
+        the path: fakesnow 0.12.1 refuses FILES there (docs/destinations/snowflake.md, "Tested")."""
+        names = [chunk.ref.rpartition("/")[2] for chunk in chunks]
+        options = "FILE_FORMAT = (TYPE = JSON COMPRESSION = GZIP) ON_ERROR = ABORT_STATEMENT FORCE = TRUE"
         location = self.location
-        options = "FILE_FORMAT = (TYPE = JSON) FORCE = TRUE"
+        into = f"COPY INTO {self.name(table)} FROM"
         if location.kind == "table":
-            source = f"@{self.dialect.quote(self.schema)}.%{stored_name(table)}/{chunk.ref}"
-            options += " PURGE = TRUE"
-        elif location.kind in ("named", "gcs"):
-            source = f"@{location.stage}/{location.key(chunk.ref)}"
-            options += " PURGE = TRUE" if location.kind == "named" else ""
+            stage = f"@{self.dialect.quote(self.schema)}.%{stored_name(table)}/{table}/"
+            return [f"{into} {stage}{name} {options} PURGE = TRUE" for name in names]
+        if location.kind == "named":
+            source, options = f"@{location.stage}/{location.key(table)}/", options + " PURGE = TRUE"
+        elif location.kind == "gcs":
+            source = f"@{location.stage}/{location.key(table)}/"
         else:
-            url = self.literal(f"s3://{location.bucket}/{location.key(chunk.ref)}")
-            key_id, secret = self.literal(location.s3_key_id), self.literal(location.s3_secret)
-            source = f"{url} CREDENTIALS = (AWS_KEY_ID = {key_id} AWS_SECRET_KEY = {secret})"
-        return f"COPY INTO {self.name(table)} FROM {source} {options}"
+            url = self.literal(f"s3://{location.bucket}/{location.key(table)}/")
+            source = f"{url}{_s3_credentials(location, self.literal)}"
+        statements = []
+        for start in range(0, len(names), COPY_FILES):
+            files = ", ".join(self.literal(name) for name in names[start : start + COPY_FILES])
+            statements.append(f"{into} {source} FILES = ({files}) {options}")
+        return statements
 
     def _move_statements(self, load: Load, staging: str) -> list[str]:
-        """INSERT (DELETE + INSERT with a key) of the staged rows, converted to the target's types."""
+        """INSERT (an upsert with a key) of the staged rows, converted to the target's types."""
         columns = load_columns(load)
         target = load.table
         quote = self.dialect.quote
@@ -182,21 +211,26 @@ class SnowflakeWarehouse(SqlWarehouse):
         source = f"SELECT {select}, {seq} AS {order} FROM {self.name(staging)}"
         partition = ", ".join(quote(k) for k in keys)
         rank = f"ROW_NUMBER() OVER (PARTITION BY {partition} ORDER BY {order} DESC)"
-        return self._replace(target, columns, f"SELECT {names} FROM ({source}) QUALIFY {rank} = 1", source)
+        return self._upsert_statements(target, columns, f"SELECT {names} FROM ({source}) QUALIFY {rank} = 1")
 
-    def _replace(self, target: Table, columns: Sequence[str], rows: str, keys_from: str) -> list[str]:
-        """DELETE the stored rows whose key is among `keys_from`'s, then INSERT `rows` (one per key):
-        EventNative 1.41's Snowflake upsert, run in the caller's transaction. (A MERGE would keep
-        the stored values of columns the load lacks; fakesnow cannot run MERGE in a transaction.)"""
+    def _upsert_statements(self, target: Table, columns: Sequence[str], rows: str) -> list[str]:
+        """What a `MERGE ... WHEN MATCHED THEN UPDATE ... WHEN NOT MATCHED THEN INSERT` does, as an
+        UPDATE of the stored rows whose key is among `rows` (one row per key), then an INSERT of
+        the others, in the caller's transaction. Columns the load lacks keep their stored values,
+        as with Postgres' ON CONFLICT and BigQuery's MERGE. (fakesnow 0.12.1 cannot run a MERGE
+        inside a transaction: docs/destinations/snowflake.md.)"""
         quote = self.dialect.quote
-        key_names = ", ".join(quote(k) for k in target.primary_keys)
+        table = self.name(target.name)
         on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in target.primary_keys)
         names = ", ".join(quote(c) for c in columns)
-        table = self.name(target.name)
-        return [
-            f"DELETE FROM {table} AS t USING (SELECT DISTINCT {key_names} FROM ({keys_from})) AS s WHERE {on}",
-            f"INSERT INTO {table} ({names}) {rows}",
-        ]
+        statements = []
+        updated = [c for c in columns if c not in target.primary_keys]
+        if updated:
+            sets = ", ".join(f"{quote(c)} = s.{quote(c)}" for c in updated)
+            statements.append(f"UPDATE {table} AS t SET {sets} FROM ({rows}) AS s WHERE {on}")
+        absent = f"NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {on})"
+        statements.append(f"INSERT INTO {table} ({names}) SELECT {names} FROM ({rows}) AS s WHERE {absent}")
+        return statements
 
     def _discard_chunks(self, client: SqlClient, chunks: Sequence[StagedChunk]) -> None:
         """Internal stages PURGE loaded files; S3 / GCS objects are deleted here (a failure is only
@@ -222,8 +256,8 @@ class SnowflakeWarehouse(SqlWarehouse):
     def _insert_rows(
         self, client: SqlClient, table: Table, columns: Sequence[str], rows: Sequence[Mapping[str, Any]], doing: str
     ) -> None:
-        """INSERT (DELETE + INSERT with a key) ... SELECT over a VALUES list of text parameters,
-        converted to the column types as a batch load converts staged values."""
+        """INSERT ... SELECT over a VALUES list of text parameters (an UPDATE, then an INSERT of the
+        new keys, with a key), converted to the column types as a batch load converts staged values."""
         assert isinstance(client, SnowflakeClient)
         quote = self.dialect.quote
         row_mark = "(" + ", ".join("?" * len(columns)) + ")"
@@ -235,9 +269,8 @@ class SnowflakeWarehouse(SqlWarehouse):
             source = f"SELECT {select} FROM VALUES {', '.join([row_mark] * len(batch))}"
             params = [_text(row.get(c)) for row in batch for c in columns]
             if table.primary_keys:
-                delete, insert = self._replace(table, columns, source, source)
-                client.execute(delete, doing, params)
-                client.execute(insert, doing, params)
+                for statement in self._upsert_statements(table, columns, source):
+                    client.execute(statement, doing, params)
             else:
                 names = ", ".join(quote(c) for c in columns)
                 client.execute(f"INSERT INTO {self.name(table.name)} ({names}) {source}", doing, params)
@@ -293,8 +326,6 @@ def _location(sf: Any) -> StageLocation:
         s3 = sf.s3
         key_id = s3.access_key_id.get_secret_value() if s3.access_key_id else ""
         secret = s3.secret_access_key.get_secret_value() if s3.secret_access_key else ""
-        if not key_id:
-            key_id, secret = _default_aws_keys()
         return StageLocation(
             "s3",
             prefix=s3.folder,
@@ -308,6 +339,9 @@ def _location(sf: Any) -> StageLocation:
         if not stage:
             raise TerminalError("snowflake: google staging needs `stage`: an external stage on the bucket")
         google = sf.google
+        if not _FOLDER.fullmatch(google.folder):
+            # It is written into the stage path of the COPY, which takes no literal.
+            raise TerminalError(f"snowflake: google.folder {google.folder!r} may hold only letters, digits, _ . - /")
         key = google.key_file
         key_text = key if isinstance(key, str) else (_json(key) if key else "")
         return StageLocation(
@@ -323,18 +357,34 @@ def _location(sf: Any) -> StageLocation:
     return StageLocation("table")
 
 
-def _default_aws_keys() -> tuple[str, str]:
-    """The keys boto3 finds (environment, profile) for the COPY's CREDENTIALS."""
+def _s3_credentials(location: StageLocation, literal: Callable[[str], str]) -> str:
+    """The COPY's CREDENTIALS: the configured keys, else what boto3's chain finds now (environment,
+    profile, instance role; a session token goes with temporary keys); '' when nothing is found
+    (then only a public bucket can be read)."""
+    key_id, secret, token = location.s3_key_id, location.s3_secret, ""
+    if not key_id:
+        key_id, secret, token = _default_aws_keys()
+    if not key_id:
+        return ""
+    parts = f"AWS_KEY_ID = {literal(key_id)} AWS_SECRET_KEY = {literal(secret)}"
+    if token:
+        parts += f" AWS_TOKEN = {literal(token)}"
+    return f" CREDENTIALS = ({parts})"
+
+
+def _default_aws_keys() -> tuple[str, str, str]:
+    """The keys boto3 finds (environment, profile, instance role), read at each COPY so that
+    temporary ones are fresh."""
     try:
         import boto3
 
         found = boto3.Session().get_credentials()
     except Exception:  # no boto3 or no credentials: the COPY will say so
-        return "", ""
+        return "", "", ""
     if found is None:
-        return "", ""
+        return "", "", ""
     frozen = found.get_frozen_credentials()
-    return frozen.access_key, frozen.secret_key
+    return frozen.access_key, frozen.secret_key, frozen.token or ""
 
 
 def _json(value: Any) -> str:
