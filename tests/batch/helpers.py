@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -85,3 +88,12 @@ def failed_lines(root: Path, dest_id: str) -> list[dict[str, Any]]:
 
 def event(event_id: str, **fields: Any) -> dict[str, Any]:
     return {"eventn_ctx": {"event_id": event_id}, "_timestamp": "2020-08-02T18:23:56.291383Z", **fields}
+
+
+def run_cli(root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`eventspark <args> -c <root>/eventspark.yaml` in its own process, as a user runs it (its own
+    Spark: the test session's Spark settings are left out of its environment)."""
+    spark_env = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
+    env = {k: v for k, v in os.environ.items() if k not in spark_env}
+    command = [str(Path(sys.executable).with_name("eventspark")), *args, "-c", str(root / "eventspark.yaml")]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=root, check=False)

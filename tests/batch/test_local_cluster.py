@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,7 @@ from tests.batch.helpers import (
     pg_rows,
     postgres_destination,
     put_log,
+    run_cli,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -31,20 +29,7 @@ def test_process_command_on_local_cluster(tmp_path: Path, pg_datasource: dict[st
     )
     put_log(tmp_path, FIXTURE_LOG)  # ~1 kB: split into two tasks, one per executor
     put_log(tmp_path, FIXTURE_LOG, token="app")
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
-    }
-    cli = Path(sys.executable).with_name("eventspark")
-
-    done = subprocess.run(
-        [str(cli), "process", "-c", str(tmp_path / "eventspark.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = run_cli(tmp_path, "process", timeout=240)
 
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "user_2020_08" in done.stdout and "2 log(s) archived" in done.stdout

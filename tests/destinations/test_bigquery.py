@@ -5,9 +5,6 @@ across crashes between stage and commit, and `eventspark process` of the fixture
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -380,7 +377,7 @@ def test_batch_upserts_with_merge(spark: Any, tmp_path: Path, bigquery_emulator:
 def test_process_command_loads_the_fixture_log(
     tmp_path: Path, bigquery_emulator: BigQueryEmulator, bq_dataset: str
 ) -> None:
-    from tests.batch.helpers import FIXTURE_LOG, MONTHLY, make_config, put_log
+    from tests.batch.helpers import FIXTURE_LOG, MONTHLY, make_config, put_log, run_cli
 
     dest = {
         "type": "bigquery",
@@ -389,20 +386,7 @@ def test_process_command_loads_the_fixture_log(
     }
     make_config(tmp_path, {"bq": dest})
     log = put_log(tmp_path, FIXTURE_LOG)
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
-    }
-    cli = Path(sys.executable).with_name("eventspark")
-
-    done = subprocess.run(
-        [str(cli), "process", "-c", str(tmp_path / "eventspark.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = run_cli(tmp_path, "process")
 
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "user_2020_08" in done.stdout and "1 log(s) archived" in done.stdout

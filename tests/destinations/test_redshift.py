@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import os
 import re
 import socket
 import struct
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -397,20 +394,11 @@ def assert_fixture_log_loaded(root: Path, schema: str, dest_id: str) -> None:
 @pytest.mark.slow
 def test_process_command_loads_the_fixture_log(tmp_path: Path, pg_datasource: dict[str, Any]) -> None:
     """`eventspark process` in its own process (its own Spark), with a YAML config and no `s3`."""
-    from tests.batch.helpers import FIXTURE_LOG, make_config, put_log
+    from tests.batch.helpers import FIXTURE_LOG, make_config, put_log, run_cli
 
     make_config(tmp_path, {"rs": redshift_config(pg_datasource)})
     log = put_log(tmp_path, FIXTURE_LOG)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("eventspark")), "process", "-c", str(tmp_path / "eventspark.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = run_cli(tmp_path, "process")
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "user_2020_08" in done.stdout and "1 log(s) archived" in done.stdout, done.stdout
     assert not log.exists()

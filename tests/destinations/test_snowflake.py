@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -325,15 +324,13 @@ def test_a_stage_name_that_is_not_sql_is_refused(fakesnow_server: int) -> None:
 @pytest.mark.spark
 def test_eventspark_process_loads_the_fixture_log(fakesnow_server: int, snowflake_db: str, tmp_path: Path) -> None:
     """The CLI command in its own process (its own Spark), with a YAML config, as a user runs it."""
-    from tests.batch.helpers import FIXTURE_LOG, MONTHLY, failed_lines, make_config, put_log
+    from tests.batch.helpers import FIXTURE_LOG, MONTHLY, failed_lines, make_config, put_log, run_cli
 
     sf = block(fakesnow_server, snowflake_db, password="pw-e2e-secret")
     dest = {"type": "snowflake", "snowflake": sf, "data_layout": {"table_name_template": MONTHLY}}
     make_config(tmp_path, {"sf": dest})
     log = put_log(tmp_path, FIXTURE_LOG)
-    cli = Path(sys.executable).parent / "eventspark"
-    command = [str(cli), "process", "-v", "-c", str(tmp_path / "eventspark.yaml")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    done = run_cli(tmp_path, "process", "-v", timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "pw-e2e-secret" not in done.stdout + done.stderr, "the password must not be printed"
 

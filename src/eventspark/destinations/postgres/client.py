@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg import sql
 
+from eventspark.config.base import DataSource
 from eventspark.destinations.base import StagedChunk, TerminalError, TransientError
 from eventspark.destinations.postgres.configuration import PostgresDestination
 from eventspark.destinations.postgres.dialect import STAGE_TYPES
@@ -22,8 +23,12 @@ CONNECT_TIMEOUT = 10
 
 
 def conninfo_of(dest: PostgresDestination) -> str:
-    ds = dest.datasource
-    params: dict[str, Any] = {"host": ds.host, "port": ds.port or DEFAULT_PORT, "dbname": ds.db}
+    return datasource_conninfo(dest.datasource, DEFAULT_PORT)
+
+
+def datasource_conninfo(ds: DataSource, default_port: int) -> str:
+    """libpq connection string of a `datasource` block (also Redshift's)."""
+    params: dict[str, Any] = {"host": ds.host, "port": ds.port or default_port, "dbname": ds.db}
     if ds.username:
         params["user"] = ds.username
     if ds.password:

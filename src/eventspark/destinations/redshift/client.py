@@ -19,13 +19,13 @@ from typing import Any, ClassVar
 import psycopg
 
 from eventspark.destinations.base import ORDER_COLUMN, StagedChunk, TerminalError, TransientError
+from eventspark.destinations.postgres.client import datasource_conninfo
 from eventspark.destinations.redshift.configuration import RedshiftDestination
 from eventspark.destinations.redshift.dialect import DIALECT, STAGE_TEXT
 from eventspark.destinations.sql.stages import new_stage_table
 from eventspark.steps.typing import DataType
 
 DEFAULT_PORT = 5439
-CONNECT_TIMEOUT = 10
 MAX_PARAMETERS = 30_000
 """Parameters of one INSERT (Redshift's statements are at most 16 MB; PostgreSQL takes 65,535)."""
 MAX_VARCHAR_BYTES = 65_535
@@ -42,15 +42,7 @@ def connect(conninfo: str, autocommit: bool = False) -> psycopg.Connection[Any]:
 
 
 def conninfo_of(dest: RedshiftDestination) -> str:
-    ds = dest.datasource
-    params: dict[str, Any] = {"host": ds.host, "port": ds.port or DEFAULT_PORT, "dbname": ds.db}
-    if ds.username:
-        params["user"] = ds.username
-    if ds.password:
-        params["password"] = ds.password
-    params.setdefault("connect_timeout", CONNECT_TIMEOUT)
-    params.update(ds.parameters)
-    return psycopg.conninfo.make_conninfo(**params)
+    return datasource_conninfo(dest.datasource, DEFAULT_PORT)
 
 
 @contextmanager
