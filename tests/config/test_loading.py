@@ -247,12 +247,13 @@ def test_check_command_on_missing_file(tmp_path: Path) -> None:
 def test_check_refuses_an_unsupported_type_naming_the_supported_ones(tmp_path: Path) -> None:
     from eventspark.destinations.registry import REGISTRY
 
-    text = "destinations: {hook: {type: webhook, webhook: {url: 'http://example.com'}}}\n"
+    # every EventNative type is registered since issue 15: an unknown type gets the same listing
+    text = "destinations: {q: {type: kafka, kafka: {brokers: 'localhost:9092'}}}\n"
     result = run_check("-c", str(write(tmp_path, text)))
     assert result.returncode == 2
     supported = ", ".join(sorted(REGISTRY))
-    assert "clickhouse, duckdb, mysql, postgres" in supported
-    assert f"type 'webhook' is not supported yet; supported types: {supported}" in result.stderr
+    assert {"clickhouse", "duckdb", "mysql", "postgres", "webhook"} <= set(REGISTRY)
+    assert f"unknown destination type 'kafka'; supported types: {supported}" in result.stderr
 
 
 def test_check_fails_on_keys_without_effect(tmp_path: Path) -> None:

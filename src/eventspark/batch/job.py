@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from eventspark.batch.load import Fault, PairLoad, load_pair
+from eventspark.batch.load import Fault, PairLoad, commit_objects, load_pair
 from eventspark.batch.partition import NO_TABLE, SUMMARY_FIELDS, process_splits
 from eventspark.batch.plan import DEFAULT_CHUNK_ROWS, JobPlan, token_routes
 from eventspark.batch.splits import Split, plan_splits
@@ -211,6 +211,13 @@ class BatchJob:
         # What a killed pass left behind; a day is far longer than any pass.
         adapter.drop_stale_stages(time.time() - STALE_STAGE_SECONDS)
         self._recover_parked(adapter, dest_id)
+        if adapter.capabilities.stage == "objects":
+            # The files family: no tables to read, no load markers. Executors write one object per
+            # log (split) and table, named after the log, so a rerun overwrites what a killed pass
+            # wrote; the status files alone record which pairs are done.
+            plan.objects[dest_id] = adapter.stage_target(plan.job_id, plan.pass_bytes)  # type: ignore[assignment]
+            plan.destinations[dest_id] = dest
+            return
         # Markers first: a pair committed before a crash is uploaded, whatever the status file says.
         for name, table in adapter.loaded_files(dest_id, names):
             statuses[name].setdefault(dest_id, {})[table] = PairStatus(True)
@@ -253,9 +260,13 @@ class BatchJob:
             dest = self.config.destinations[pair.dest_id]
             keys = tuple(dest.data_layout.primary_key_fields)
             max_columns = dest.data_layout.max_columns or max_default
-            error = pair.error or load_pair(
-                adapters[pair.dest_id], self.coordination, pair, keys, max_columns, self.fault
-            )
+            adapter = adapters[pair.dest_id]
+            if pair.error:
+                error = pair.error
+            elif adapter.capabilities.stage == "objects":
+                error = commit_objects(adapter, pair)
+            else:
+                error = load_pair(adapter, self.coordination, pair, keys, max_columns, self.fault)
             outcomes[key] = error
             result.pair(*key).error = error
             if self.fault is not None:

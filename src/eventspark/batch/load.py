@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from eventspark.coordination import Coordination, CoordinationError
 from eventspark.destinations.base import DestinationAdapter, DestinationError, Load, StagedChunk
 from eventspark.destinations.sync import LOCK_TIMEOUT, sync_table, table_lock
-from eventspark.steps.diff import ColumnLimitError, table_from_header
+from eventspark.steps.diff import ColumnLimitError, Table, table_from_header
 from eventspark.steps.typing import BatchHeader
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,18 @@ def load_pair(
             load = Load(pair.dest_id, target, pair.chunks, sorted(pair.files), ordered=bool(primary_keys))
             adapter.commit(load)
     except (DestinationError, CoordinationError, ColumnLimitError, ValueError) as exc:
+        log.warning("destination %s, table %s: %s", pair.dest_id, pair.table, exc)
+        return str(exc)
+    return ""
+
+
+def commit_objects(adapter: DestinationAdapter, pair: PairLoad) -> str:
+    """The files family's commit: the executors wrote the pair's objects; the destination removes
+    those of the same logs that this pass did not write (a killed pass that cut a log into other
+    splits). No table, no lock, no marker. '' on success, else the reason it failed."""
+    try:
+        adapter.commit(Load(pair.dest_id, Table(pair.table), pair.chunks, sorted(pair.files)))
+    except DestinationError as exc:
         log.warning("destination %s, table %s: %s", pair.dest_id, pair.table, exc)
         return str(exc)
     return ""

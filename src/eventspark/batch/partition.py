@@ -20,7 +20,7 @@ from eventspark.batch.chunks import ChunkBuffer
 from eventspark.batch.memory import keep_freed_memory
 from eventspark.batch.plan import JobPlan
 from eventspark.batch.splits import Split, read_split
-from eventspark.destinations.base import DestinationError, JsonStageWriter, StageWriter
+from eventspark.destinations.base import DestinationError, JsonStageWriter, ObjectBuffer, StageWriter
 from eventspark.destinations.registry import destination_type
 from eventspark.logs.failed import event_error_line, event_id_of
 from eventspark.steps.chain import DestinationChain, Failure
@@ -59,6 +59,7 @@ def process_splits(plan: JobPlan, task_id: int, splits: Iterable[Split]) -> list
             file = split.name
             for line in read_split(split):
                 task.add_line(line, file)
+            task.end_split(split)
         return task.finish()
     finally:
         task.close()
@@ -83,6 +84,8 @@ class PartitionTask:
         # Per (log, destination, table): its buffer and counts, or None when already uploaded.
         self.targets: dict[tuple[str, str, str], tuple[ChunkBuffer, list[int]] | None] = {}
         self.seq_bases: dict[str, int] = {}
+        # Files destinations (`plan.objects`): a buffer per (log, destination, table) of the split.
+        self.object_buffers: dict[tuple[str, str, str], ObjectBuffer] = {}
 
     def chain(self, dest_id: str) -> DestinationChain:
         chain = self.chains.get(dest_id)
@@ -90,7 +93,11 @@ class PartitionTask:
             geo, ua = _lookups(self.plan.geo_path)
             dest = self.plan.destinations[dest_id]
             check_name = destination_type(dest.type).dialect.quote
-            chain = self.chains[dest_id] = DestinationChain.build(dest_id, dest, geo, ua, check_name)
+            objects = self.plan.objects.get(dest_id)
+            if objects is not None:
+                chain = self.chains[dest_id] = objects.chain(dest_id, dest, geo, ua, check_name)
+            else:
+                chain = self.chains[dest_id] = DestinationChain.build(dest_id, dest, geo, ua, check_name)
         return chain
 
     def add_line(self, line: bytes, file: str) -> None:
@@ -144,6 +151,10 @@ class PartitionTask:
     def target(self, file: str, dest_id: str, table: str) -> tuple[ChunkBuffer, list[int]] | None:
         if table in self.plan.done.get((file, dest_id), ()):
             return None
+        objects = self.plan.objects.get(dest_id) if self.plan.objects else None
+        if objects is not None:
+            buffer = self.object_buffers[file, dest_id, table] = objects.buffer(table)
+            return cast(ChunkBuffer, buffer), self.count(file, dest_id, table)
         return self.buffer(dest_id, table), self.count(file, dest_id, table)
 
     def seq(self, file: str) -> int:
@@ -190,6 +201,9 @@ class PartitionTask:
         return found[1]
 
     def flush(self, dest_id: str, buffer: ChunkBuffer) -> None:
+        if self.plan.objects and dest_id in self.plan.objects:
+            cast(ObjectBuffer, buffer).spill()  # written whole at the end of the split
+            return
         count = len(buffer)
         json_lines = buffer.lines is not None
         if json_lines:
@@ -214,6 +228,27 @@ class PartitionTask:
         payload = orjson.dumps({"chunk": chunk.to_dict(), "header": header.to_dict()})
         self.chunks.append((dest_id, buffer.table, payload))
 
+    def end_split(self, split: Split) -> None:
+        """Writes the objects of the split's log (files destinations), one per destination and table."""
+        if not self.object_buffers:
+            return
+        file = split.name
+        whole = split.start == 0 and split.end >= os.path.getsize(split.path)
+        for key in [key for key in self.object_buffers if key[0] == file]:
+            buffer = self.object_buffers.pop(key)
+            del self.targets[key]  # another split of the log in this task gets its own object
+            _file, dest_id, table = key
+            if not buffer.total or (dest_id, table) in self.errors:
+                continue
+            try:
+                chunk, header = self.plan.objects[dest_id].write(buffer, file, split.start, whole)
+            except DestinationError as exc:
+                # The pair fails for this pass (the driver will not settle it); the task goes on.
+                self.errors[dest_id, table] = f"writing: {exc}"
+                continue
+            payload = orjson.dumps({"chunk": chunk.to_dict(), "header": header.to_dict()})
+            self.chunks.append((dest_id, table, payload))
+
     def finish(self) -> list[tuple[Any, ...]]:
         """Stages what is left and returns the summary rows."""
         for (dest_id, _table), buffer in self.buffers.items():
@@ -237,5 +272,7 @@ class PartitionTask:
     def close(self) -> None:
         for writer in self.writers.values():
             writer.close()
+        for objects in self.plan.objects.values():
+            objects.close()
         for _path, handle in self.spools.values():
             handle.close()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventspark.config.routing import token_routes
-from eventspark.destinations.base import StageTarget
+from eventspark.destinations.base import ObjectTarget, StageTarget
 from eventspark.steps.typing import DataType
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "JobPlan", "token_routes"]
@@ -40,6 +40,8 @@ class JobPlan:
     """Destination id → table → column → the DataType its values must fit (None: not checked)."""
     primary_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
     stages: dict[str, StageTarget] = field(default_factory=dict)
+    objects: dict[str, ObjectTarget] = field(default_factory=dict)
+    """Destination id → where executors write its objects: the files family (not in `stages`)."""
     geo_path: str | None = None
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     pass_bytes: int = 0

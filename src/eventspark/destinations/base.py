@@ -58,6 +58,18 @@ class TransientError(DestinationError):
     """The warehouse could not be reached or dropped the connection: retry the pair later."""
 
 
+class PartlyDelivered(TransientError):
+    """Some events of a send were decided (delivered, or refused with a reason) and the others
+    could not be delivered yet (429, 5xx, connection errors): retry only the undecided ones."""
+
+    def __init__(self, message: str, decided: Mapping[int, str | None], retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.decided = dict(decided)
+        """Position in the send → None (delivered) or why it failed."""
+        self.retry_after = retry_after
+        """Seconds the service asked to wait (`Retry-After`), 0 when it did not say."""
+
+
 class TerminalError(DestinationError):
     """The warehouse refused the statement (bad value, bad type, permissions): retrying the same
     data will fail the same way."""
@@ -126,17 +138,68 @@ class StageTarget(Protocol):
     def open(self) -> StageWriter: ...
 
 
+class ObjectBuffer(Protocol):
+    """The rows of one (log split, table) of a files destination, on an executor, until its
+    object is written (`ObjectTarget.write`)."""
+
+    def add(self, values: dict[str, Any], casts: Mapping[str, str], seq: int = 0) -> str | None:
+        """Takes the row (the chain's `Row.values`) or returns why it cannot be written."""
+        ...
+
+    def __len__(self) -> int:
+        """Rows added since the last `spill`."""
+        ...
+
+    @property
+    def total(self) -> int:
+        """Rows added in all (0: no object to write)."""
+        ...
+
+    def spill(self) -> None:
+        """Packs the rows added so far (every `chunk_rows` rows) so the buffer's own state stays small."""
+        ...
+
+
+class ObjectTarget(Protocol):
+    """A picklable description of where executors write the objects of a files destination
+    (`Capabilities.stage == "objects"`): one object per rotated log split and table."""
+
+    def chain(self, dest_id: str, dest: Any, geo: Any, ua: Any, check_name: Any) -> Any:
+        """The destination's `DestinationChain` (its format decides what `Row.values` holds)."""
+        ...
+
+    def buffer(self, table: str) -> ObjectBuffer: ...
+
+    def write(self, buffer: ObjectBuffer, log: str, start: int, whole: bool) -> tuple[StagedChunk, Any]:
+        """Writes the object of `buffer` for the split of log `log` starting at byte `start`
+        (`whole`: the split is the whole log); (chunk whose `ref` is the object's name,
+        BatchHeader of its columns). DestinationError when it cannot."""
+        ...
+
+    def close(self) -> None:
+        """Closes the clients `write` opened in this task."""
+        ...
+
+
 Mode = Literal["batch", "stream"]
-UpsertStyle = Literal["on_conflict", "on_duplicate_key", "replacing_engine", "merge", "delete_insert"]
+UpsertStyle = Literal["on_conflict", "on_duplicate_key", "replacing_engine", "merge", "delete_insert", "none"]
 """How rows with a primary key replace stored ones: `INSERT ... ON CONFLICT DO UPDATE`,
 `INSERT ... ON DUPLICATE KEY UPDATE`, plain inserts that a ReplacingMergeTree engine collapses
 when parts merge (duplicates are visible until then, or with FINAL), `MERGE INTO ... WHEN MATCHED
 THEN UPDATE ... WHEN NOT MATCHED THEN INSERT` (Snowflake, BigQuery), or `DELETE ... USING` the new
 rows' keys then `INSERT`, in one transaction (Redshift, which has neither ON CONFLICT nor a MERGE
-on every cluster)."""
-StageKind = Literal["table", "files"]
+on every cluster). `none`: rows are never replaced (the files family writes every event;
+`primary_key_fields` is not used)."""
+StageKind = Literal["table", "files", "objects"]
 """Where executors stage chunks: tables in the warehouse's schema (`STAGE_PREFIX<job>_...`), or
-files under `<log.path>/staging/<job>/<destination>/` that the driver loads."""
+files under `<log.path>/staging/<job>/<destination>/` that the driver loads; `objects`: nowhere,
+executors write the destination's final objects themselves (the files family, S3 and GCS:
+`stage_target` returns an `ObjectTarget`, no tables are read or patched, `commit` only removes
+objects a rerun made stale, `loaded_files` is empty: the status files record completion)."""
+Delivery = Literal["tables", "events"]
+"""What a stream worker hands a destination: typed, flattened rows per table, into tables it reads
+and patches (`DestinationAdapter`: the SQL warehouses), or events after enrichment and mapping,
+neither flattened nor typed, to an adapter that sends them (`EventSender`: the HTTP family)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +226,10 @@ class Capabilities:
     micro-batch."""
     min_insert_rows: int = 0
     """Stream mode: rows held for one table that trigger the inserts before the interval is over."""
+    delivery: Delivery = "tables"
+    """Stream mode: `tables` (the fields above apply) or `events` (`EventSender`: no tables, so
+    `upsert`, `stage`, `transactions`, `ddl_in_transactions` and `add_column_if_not_exists` are
+    not read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,3 +322,25 @@ class DestinationAdapter(ABC):
         """The DataType whose values a column of `sql_type` takes; None for types eventspark does not
         check (json, uuid...), whose values the warehouse casts at commit."""
         return self.dialect.data_type_of(sql_type)
+
+
+class EventSender(ABC):
+    """A destination without tables (`Capabilities.delivery == "events"`: the HTTP family,
+    `destinations/http/`), driven from a stream worker: events in, one outcome per event out.
+    Constructors do no I/O."""
+
+    capabilities: Capabilities
+
+    @abstractmethod
+    def send(self, events: Sequence[dict[str, Any]]) -> list[str | None]:
+        """Delivers `events` (after enrichment and mapping, not flattened); per event None when
+        delivered, else why the service refused it. Raises `PartlyDelivered` (or TransientError
+        when nothing was decided) when some could not be delivered yet."""
+
+    @abstractmethod
+    def interrupt(self) -> None:
+        """Called from another thread when the worker stops: end waits between retries now (the
+        send in progress then raises for what it did not deliver)."""
+
+    @abstractmethod
+    def close(self) -> None: ...

@@ -22,12 +22,12 @@ PACKAGES = (
     "snowflake",
     "bigquery",
     "redshift",
-    # s3
-    # gcs
-    # webhook
-    # google_analytics
-    # amplitude
-    # facebook
+    "s3",
+    "gcs",
+    "webhook",
+    "google_analytics",
+    "amplitude",
+    "facebook",
 )
 """The destination packages (`eventspark.destinations.<name>`), each exporting `DESTINATION`.
 Their `__init__` imports no driver, so listing one costs nothing until a config uses it."""

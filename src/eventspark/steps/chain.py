@@ -20,7 +20,8 @@ from eventspark.steps.typing import BatchHeader
 
 @dataclass(slots=True)
 class Row:
-    """A flattened event ready for `table`; `casts` are the mapping's explicit column types."""
+    """A flattened event ready for `table` (the mapped event, nested, from a chain built with
+    `flat=False`); `casts` are the mapping's explicit column types."""
 
     table: str
     values: dict[str, Any]
@@ -49,7 +50,7 @@ class _LayoutConfig(Protocol):
 class DestinationChain:
     """The steps configured for one destination, built once and applied per event."""
 
-    __slots__ = ("_accepted", "check_name", "destination_id", "lookup", "mapper", "template")
+    __slots__ = ("_accepted", "_shape", "check_name", "destination_id", "lookup", "mapper", "template")
 
     def __init__(
         self,
@@ -58,6 +59,7 @@ class DestinationChain:
         lookup: LookupEnricher,
         mapper: Mapper,
         check_name: Callable[[str], object] | None = None,
+        flat: bool = True,
     ) -> None:
         self.destination_id = destination_id
         self.template = template
@@ -66,6 +68,8 @@ class DestinationChain:
         self.check_name = check_name
         """Raises ValueError for a table name the warehouse cannot take (the dialect's `quote`)."""
         self._accepted: set[str] = set()
+        self._shape: Callable[[dict[str, Any]], dict[str, Any]] = flatten if flat else _as_is
+        """`flatten`, or nothing for destinations that take events as objects (the HTTP family)."""
 
     @classmethod
     def build(
@@ -75,15 +79,17 @@ class DestinationChain:
         geo: GeoResolver | None,
         ua: UserAgentParser | None,
         check_name: Callable[[str], object] | None = None,
+        flat: bool = True,
     ) -> DestinationChain:
         """`destination` is a destination config (`config.models.DestinationBase`); `check_name`
-        refuses table names the warehouse cannot take (ValueError), so their events fail alone."""
+        refuses table names the warehouse cannot take (ValueError), so their events fail alone;
+        `flat=False` leaves the mapped event nested (`Row.values` is then the event itself)."""
         layout = destination.data_layout
         rules = [(rule.name, rule.from_, rule.to) for rule in destination.enrichment]
         mappings = layout.mappings
         mapper = Mapper.build() if mappings is None else Mapper.build(mappings.keep_unmapped, mappings.rules())
         template = compile_template(layout.table_name_template)
-        return cls(destination_id, template, LookupEnricher(rules, geo, ua), mapper, check_name)
+        return cls(destination_id, template, LookupEnricher(rules, geo, ua), mapper, check_name, flat)
 
     def process(self, event: dict[str, Any]) -> ChainResult:
         """Runs the chain on `event`, which it changes in place: give each destination its own copy."""
@@ -99,7 +105,7 @@ class DestinationChain:
                 return refused
         self.lookup.apply(event)
         mapped, casts = self.mapper.apply(event, in_place=True)  # the chain owns the event
-        return Row(table, flatten(mapped), casts)
+        return Row(table, self._shape(mapped), casts)
 
     def _refuse(self, table: str) -> Failure | None:
         """Why no event can go to `table`, else None (and `table` is remembered as fine)."""
@@ -114,6 +120,10 @@ class DestinationChain:
             self._accepted.clear()
         self._accepted.add(table)
         return None
+
+
+def _as_is(event: dict[str, Any]) -> dict[str, Any]:
+    return event
 
 
 class HeaderBuilder:

@@ -5,11 +5,11 @@ A template is Go ``text/template`` source, as in EventNative:
 by a safe interpreter of the subset EventNative users rely on (see ``gotemplate``): text and
 ``{{ }}`` actions with ``{{-``/``-}}`` trimming and ``{{/* comments */}}``; fields ``.a.b``,
 ``.`` and ``$`` (the event); ``if``/``else if``/``else``/``end``; the functions ``eq ne lt le
-gt ge and or not index len print printf``; pipes ``|`` and parentheses; ``.Format LAYOUT`` on a
-timestamp. There are no variables, ``range``, ``with``, ``define`` or ``template``, so running a
-template takes time linear in its size. Event data is only read with ``dict.get`` and list
-indexing: a template cannot reach Python attributes or run code (``{{.__class__}}`` is just a
-missing key).
+gt ge and or not index len print printf`` and EventNative's ``json`` (a value as JSON); pipes
+``|`` and parentheses; ``.Format LAYOUT`` on a timestamp. There are no variables, ``range``,
+``with``, ``define`` or ``template``, so running a template takes time linear in its size. Event
+data is only read with ``dict.get`` and list indexing: a template cannot reach Python attributes
+or run code (``{{.__class__}}`` is just a missing key).
 
 ``render`` then makes a table name the way EventNative did: trimmed, lower-cased, with
 ``( ) $ [ ] { } @ ! # % & , . ; : ^ -`` and spaces turned into ``_``. eventspark goes further so

@@ -12,6 +12,10 @@ to single rows, so one poison event never fails its neighbours.
 
 Errors: `TransientError` and coordination errors propagate (the worker keeps the events queued and
 retries); warehouse refusals end up as per-row reasons.
+
+`EventDelivery` is the same role for destinations without tables (`Capabilities.delivery ==
+"events"`, the HTTP family): the rows are the mapped events, handed to the adapter's `send`; no
+schema, no patching, no coordination.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventspark.coordination import Coordination
-from eventspark.destinations.base import ORDER_COLUMN, DestinationAdapter, TerminalError
+from eventspark.destinations.base import ORDER_COLUMN, DestinationAdapter, EventSender, TerminalError
 from eventspark.destinations.sync import LOCK_TIMEOUT, sync_table, table_lock
 from eventspark.steps.chain import HeaderBuilder, Row
 from eventspark.steps.diff import ColumnLimitError, Table, TablePatch, table_from_header
@@ -101,6 +105,9 @@ class TableDelivery:
     def forget(self, table: str) -> None:
         """Drops the cached schema: the next use reads it from the warehouse."""
         self._tables.pop(table, None)
+
+    def interrupt(self) -> None:
+        """Nothing waits here: the worker's own waits end with its stop."""
 
     def _attempt(self, table: str, rows: list[Row], indices: list[int], errors: list[str | None]) -> None:
         for i in [i for i in indices if ORDER_COLUMN in rows[i].values]:  # as the batch load refuses it
@@ -194,6 +201,27 @@ class TableDelivery:
             # Timestamps go as RFC 3339 in UTC: exact whatever the column's time zone handling.
             values[name] = format_timestamp(converted) if target is DataType.TIMESTAMP else converted  # type: ignore[arg-type]
         return None
+
+
+class EventDelivery:
+    """The events of one stream destination without tables: each micro-batch's events (grouped by
+    the table name template, which only filters here) go to `adapter.send`, which decides each
+    event or raises `PartlyDelivered` / `TransientError` for the worker to retry the undecided."""
+
+    def __init__(self, dest_id: str, adapter: EventSender) -> None:
+        self.dest_id = dest_id
+        self.adapter = adapter
+
+    def deliver(self, table: str, rows: list[Row]) -> list[str | None]:
+        """Per row, None when delivered, else why it failed; raises as `EventSender.send`."""
+        return self.adapter.send([row.values for row in rows])
+
+    def forget(self, table: str) -> None:
+        """Nothing is cached per table."""
+
+    def interrupt(self) -> None:
+        """The worker is stopping: cut the adapter's waits between retries short."""
+        self.adapter.interrupt()
 
 
 def _describe(patch: TablePatch) -> str:

@@ -20,7 +20,7 @@ from eventspark.destinations.registry import destination_type
 from eventspark.steps.chain import DestinationChain
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
 from eventspark.stream.archive import StreamArchive
-from eventspark.stream.delivery import TableDelivery
+from eventspark.stream.delivery import EventDelivery, TableDelivery
 from eventspark.stream.queue import QueueReader, queue_dir
 from eventspark.stream.worker import StreamSettings, StreamWorker
 
@@ -61,17 +61,23 @@ class StreamWorkers:
         events_dir = Path(self.config.log.path)
         adapter = build_destination(dest_id, dest, events_dir)
         layout = dest.data_layout
-        delivery = TableDelivery(
-            dest_id,
-            adapter,
-            self.coordination,
-            layout.primary_key_fields,
-            layout.max_columns or self.config.server.max_columns,
-        )
+        entry = destination_type(dest.type)
+        tables = entry.capabilities.delivery == "tables"
+        delivery: TableDelivery | EventDelivery
+        if tables:
+            delivery = TableDelivery(
+                dest_id,
+                adapter,
+                self.coordination,
+                layout.primary_key_fields,
+                layout.max_columns or self.config.server.max_columns,
+            )
+        else:  # events after enrichment and mapping, as objects (the HTTP family)
+            delivery = EventDelivery(dest_id, adapter)  # type: ignore[arg-type]
         # Lookup caches are not shared between threads: each worker has its own resolvers.
         geo = GeoResolver.open(self.config.geo.maxmind_path)
-        check_name = destination_type(dest.type).dialect.quote
-        chain = DestinationChain.build(dest_id, dest, geo, UserAgentParser(), check_name)
+        check_name = entry.dialect.quote
+        chain = DestinationChain.build(dest_id, dest, geo, UserAgentParser(), check_name, flat=tables)
         reader = QueueReader(
             queue_dir(events_dir, dest_id),
             poll_interval=self.settings.poll_ms / 1000,

@@ -33,11 +33,11 @@ from typing import Any
 import orjson
 
 from eventspark.coordination import CoordinationError
-from eventspark.destinations.base import TransientError
+from eventspark.destinations.base import PartlyDelivered, TransientError
 from eventspark.logs.failed import event_error_line, event_id_of, failed_log_path
 from eventspark.steps.chain import DestinationChain, Failure, Row
 from eventspark.stream.archive import StreamArchive
-from eventspark.stream.delivery import TableDelivery
+from eventspark.stream.delivery import EventDelivery, TableDelivery
 from eventspark.stream.queue import QueueBusy, QueueReader
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class StreamWorker:
         dest_id: str,
         chain: DestinationChain,
         reader: QueueReader,
-        delivery: TableDelivery,
+        delivery: TableDelivery | EventDelivery,
         archive: StreamArchive,
         failed_dir: Path,
         settings: StreamSettings | None = None,
@@ -152,10 +152,11 @@ class StreamWorker:
         """Asks the thread to stop after the batch in progress (a batch waiting to retry, or held
         for the minimum insert interval, stays queued: it is delivered after the next start)."""
         self._stop.set()
+        self.delivery.interrupt()
 
     def stop(self, timeout: float | None = None) -> None:
         """`request_stop`, then waits for the thread."""
-        self._stop.set()
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -290,17 +291,30 @@ class StreamWorker:
 
     def _deliver(self, table: str, rows: list[Row]) -> list[str | None]:
         delay = self.settings.retry_min_sec
+        decided: dict[int, str | None] = {}
+        pending = list(range(len(rows)))  # positions in `rows` not decided yet
         while True:
             try:
-                return self.delivery.deliver(table, rows)
+                errors = self.delivery.deliver(table, rows if not decided else [rows[i] for i in pending])
+                break
             except UNREACHABLE as exc:
-                log.warning("stream %s/%s: %s; retrying in %.1f s", self.dest_id, table, exc, delay)
+                wait = delay
+                if isinstance(exc, PartlyDelivered):  # retry only the events not decided yet
+                    for position, error in exc.decided.items():
+                        decided[pending[position]] = error
+                    pending = [i for i in pending if i not in decided]
+                    wait = min(max(delay, exc.retry_after), self.settings.retry_max_sec)
+                log.warning("stream %s/%s: %s; retrying in %.1f s", self.dest_id, table, exc, wait)
             with contextlib.suppress(Exception):
                 self.delivery.adapter.close()  # reconnect from scratch on the next attempt
             self.delivery.forget(table)
-            if self._stop.wait(delay):
+            if self._stop.wait(wait):
                 raise _Stopped
             delay = min(delay * 2, self.settings.retry_max_sec)
+        if not decided:
+            return errors
+        decided.update(zip(pending, errors, strict=True))
+        return [decided[i] for i in range(len(rows))]
 
     def _record(self, outcome: BatchOutcome) -> None:
         """Failed events to `failed/`, delivered ones to the archive: before the acknowledgement,

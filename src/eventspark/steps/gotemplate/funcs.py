@@ -12,6 +12,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from .errors import TemplateEvalError
 from .gofmt import go_type, sprint, sprintf
 from .timefmt import Formatter, compile_layout, parse_rfc3339
@@ -181,6 +183,22 @@ def printf(template: Any, *args: Any) -> str:
     return sprintf(template, args)
 
 
+_GO_JSON_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+
+
+def to_json(value: Any) -> str:
+    """EventNative's ``json`` (webhook templates): the value as Go's ``json.Marshal`` writes it,
+    keys sorted and ``< > &`` escaped (they only occur inside strings, so replacing is exact)."""
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError as exc:
+        raise TemplateEvalError(f"json: {exc}") from None
+    for raw, escaped in _GO_JSON_ESCAPES:
+        if raw in text:
+            text = text.replace(raw, escaped)
+    return text
+
+
 EAGER_FUNCS: dict[str, Callable[..., Any]] = {
     "eq": eq,
     "ne": ne,
@@ -193,6 +211,7 @@ EAGER_FUNCS: dict[str, Callable[..., Any]] = {
     "index": index,
     "printf": printf,
     "print": sprint,
+    "json": to_json,
 }
 """Functions that get their arguments evaluated; ``and`` and ``or`` are lazy (see compiler)."""
 
@@ -208,6 +227,7 @@ ARITY: dict[str, tuple[int, int | None]] = {
     "index": (1, None),
     "printf": (1, None),
     "print": (0, None),
+    "json": (1, 1),
     "and": (1, None),
     "or": (1, None),
 }

@@ -1,0 +1,5 @@
+"""The HTTP family's capabilities (stream mode, events not rows)."""
+
+from eventspark.destinations.http import http_capabilities
+
+CAPABILITIES = http_capabilities()

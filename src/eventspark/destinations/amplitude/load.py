@@ -1,0 +1,57 @@
+"""The Amplitude service: `POST <endpoint>/2/httpapi` with `{"api_key": ..., "events": [...]}`,
+each event as it is after the mapping step (as EventNative sent it: the mappings make it an
+Amplitude event, with `event_type` and `user_id` or `device_id`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from eventspark.destinations.amplitude.configuration import AmplitudeConfig, AmplitudeDestination
+from eventspark.destinations.http.service import HttpRequest, Refused, Service, chunks
+from eventspark.destinations.http.sink import HttpSink
+
+PUBLIC_URL = "https://api.amplitude.com/2/httpapi"
+API_PATH = "/2/httpapi"
+BATCH = 100
+"""Events per request (Amplitude takes up to 2,000 and 1 MB; it counts limits per device too)."""
+
+
+def build(dest_id: str, dest: AmplitudeDestination, events_dir: Path) -> HttpSink:
+    return HttpSink(dest_id, Amplitude(dest.amplitude), dest.amplitude)
+
+
+class Amplitude(Service):
+    name = "Amplitude"
+    batch_size = BATCH
+
+    def __init__(self, config: AmplitudeConfig) -> None:
+        self.api_key = config.api_key.get_secret_value()
+        endpoint = config.endpoint
+        if endpoint is None:
+            self.url = PUBLIC_URL
+        elif urlsplit(endpoint).path in ("", "/"):
+            self.url = endpoint + API_PATH
+        else:  # EventNative's spelling: the whole URL
+            self.url = endpoint
+
+    def secrets(self) -> Iterable[str]:
+        return (self.api_key,)
+
+    def payload(self, event: dict[str, Any]) -> bytes:
+        if not isinstance(event.get("event_type"), str) or not event["event_type"]:
+            raise Refused("the event has no event_type (map one with data_layout.mappings)")
+        if event.get("user_id") in (None, "") and event.get("device_id") in (None, ""):
+            raise Refused("the event has neither user_id nor device_id (map one with data_layout.mappings)")
+        return orjson.dumps(event, option=orjson.OPT_SORT_KEYS)  # as Go marshals a map
+
+    def requests(self, payloads: Sequence[tuple[int, Any]]) -> Iterable[HttpRequest]:
+        head = b'{"api_key":' + orjson.dumps(self.api_key) + b',"events":['
+        for group in chunks(payloads, self.batch_size):
+            body = head + b",".join(encoded for _, encoded in group) + b"]}"
+            positions = tuple(position for position, _ in group)
+            yield HttpRequest("POST", self.url, positions, body, {"Content-Type": "application/json"})

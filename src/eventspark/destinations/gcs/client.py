@@ -1,0 +1,128 @@
+"""Cloud Storage through google-cloud-storage: the files family's `ObjectStore`, with errors
+translated where they happen."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+from google.api_core import exceptions as api_errors
+from google.api_core.retry import Retry
+from google.auth import exceptions as auth_errors
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.cloud import storage
+
+from eventspark.destinations.base import TerminalError, TransientError
+
+SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
+HTTP_TIMEOUT = 120.0
+RETRY = Retry(initial=1.0, maximum=30.0, multiplier=2.0, timeout=300.0)
+"""Writes are idempotent (same name, same bytes): retried on 429, 5xx and connection errors."""
+
+
+@dataclass(frozen=True, slots=True)
+class GcsSettings:
+    """Picklable: what a client of the bucket needs (sent to every executor)."""
+
+    bucket: str
+    endpoint: str = ""
+    key_path: str = ""
+    key_info: Mapping[str, Any] | None = field(default=None, repr=False)
+    service: str = "gcs"
+
+    def url(self, key: str) -> str:
+        return f"gs://{self.bucket}/{key}"
+
+    def open(self) -> GcsStore:
+        return GcsStore(self)
+
+    def credentials(self) -> Credentials | None:
+        """Service-account credentials from the key; without one, anonymous credentials for an
+        endpoint override (an emulator) unless GOOGLE_APPLICATION_CREDENTIALS names a key file;
+        None (the library's default credentials) otherwise."""
+        from google.oauth2 import service_account
+
+        try:
+            if self.key_info is not None:
+                return service_account.Credentials.from_service_account_info(dict(self.key_info), scopes=SCOPES)
+            if self.key_path:
+                return service_account.Credentials.from_service_account_file(self.key_path, scopes=SCOPES)
+        except (ValueError, KeyError, OSError) as exc:
+            # Messages name missing fields or the path, never the key's content.
+            raise TerminalError(f"gcs: reading the service account key: {type(exc).__name__}: {exc}") from exc
+        if self.endpoint and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+            return AnonymousCredentials()  # type: ignore[no-untyped-call]
+        return None
+
+
+def key_of(key_file: str | Mapping[str, Any]) -> tuple[str, Mapping[str, Any] | None]:
+    """EventNative's `key_file`: (a path, None) or ('', the key's JSON object)."""
+    if isinstance(key_file, Mapping):
+        return "", dict(key_file)
+    text = key_file.strip()
+    if text.startswith("{"):
+        try:
+            return "", dict(json.loads(text))
+        except ValueError as exc:
+            raise TerminalError("gcs: google.key_file holds text that is not a JSON object") from exc
+    return text, None
+
+
+class GcsStore:
+    def __init__(self, settings: GcsSettings) -> None:
+        self.settings = settings
+        credentials = settings.credentials()
+        options = {"api_endpoint": settings.endpoint} if settings.endpoint else None
+        project = getattr(credentials, "project_id", None) or ("eventspark" if settings.endpoint else None)
+        with translated_errors(f"connecting to {settings.url('')}"):
+            self._client = storage.Client(project=project, credentials=credentials, client_options=options)
+            self._bucket = self._client.bucket(settings.bucket)
+
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        with translated_errors(f"writing {self.settings.url(key)} ({len(data)} bytes)"):
+            blob = self._bucket.blob(key)
+            blob.upload_from_string(data, content_type=content_type, timeout=HTTP_TIMEOUT, retry=RETRY)
+
+    def list(self, prefix: str) -> list[str]:
+        with translated_errors(f"listing {self.settings.url(prefix)}"):
+            blobs = self._client.list_blobs(self._bucket, prefix=prefix, timeout=HTTP_TIMEOUT, retry=RETRY)
+            return [blob.name for blob in blobs]
+
+    def delete(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            # Already gone (NotFound) is what was wanted.
+            with translated_errors(f"removing {self.settings.url(key)}"), suppress(api_errors.NotFound):
+                self._bucket.blob(key).delete(timeout=HTTP_TIMEOUT, retry=RETRY)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+@contextmanager
+def translated_errors(doing: str) -> Iterator[None]:
+    """429, 5xx, timeouts and connection errors as TransientError (after the client's retries);
+    every other refusal (no such bucket, forbidden, bad credentials) as TerminalError."""
+    try:
+        yield
+    except (TransientError, TerminalError):
+        raise
+    except api_errors.GoogleAPICallError as exc:
+        transient = isinstance(exc, api_errors.ServerError | api_errors.TooManyRequests)
+        kind = TransientError if transient else TerminalError
+        raise kind(f"gcs: {doing}: {exc.code}: {exc.message}") from exc
+    except (
+        api_errors.RetryError,
+        requests.ConnectionError,
+        requests.Timeout,
+        auth_errors.TransportError,
+        TimeoutError,
+        ConnectionError,
+    ) as exc:
+        raise TransientError(f"gcs: {doing}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
+    except auth_errors.GoogleAuthError as exc:
+        raise TerminalError(f"gcs: {doing}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc

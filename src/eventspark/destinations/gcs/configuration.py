@@ -1,0 +1,30 @@
+"""The `gcs` destination's config: EventNative's `google` block (as for BigQuery), plus
+`gcs_endpoint` as the BigQuery package has it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from eventspark.config.base import DestinationBase, Section
+
+
+class GcsConfig(Section):
+    gcs_bucket: str
+    key_file: str | dict[str, Any] = Field(default="", repr=False)
+    """A service account key: a file path, its JSON text, or the JSON object itself. Empty: the
+    library's default credentials (GOOGLE_APPLICATION_CREDENTIALS, the metadata server...),
+    except anonymous ones for a `gcs_endpoint` when GOOGLE_APPLICATION_CREDENTIALS is unset."""
+    gcs_endpoint: str = ""
+    """Base URL of the Cloud Storage API (a private endpoint or an emulator); empty: Google's."""
+    folder: str = ""
+    """Prefix of every object (slashes around it are ignored)."""
+    format: Literal["json", "flat_json", "csv", "parquet"] = "json"
+    compression: Literal["", "gzip"] = ""
+    """`gzip`: json, flat_json and csv objects gzipped (`.gz`); Parquet uses its GZIP codec."""
+
+
+class GcsDestination(DestinationBase):
+    type: Literal["gcs"]
+    google: GcsConfig

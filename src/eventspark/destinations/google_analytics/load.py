@@ -1,0 +1,167 @@
+"""The Google Analytics services.
+
+Universal Analytics (`tracking_id`, EventNative's protocol): each event, after the mapping step
+(whose rules make its fields Measurement Protocol parameters: `t`, `cid`, `dl`...), becomes a
+hit: its top-level fields as URL parameters (strings as they are, other values as Go prints
+them), `tid` and `v=1` added, `t` mapped as EventNative did (`conversion` → `transaction`; a
+type GA does not know → `event`), keys sorted. A lone hit is `GET <endpoint>/collect?<hit>` (the
+request EventNative made); several go as `POST <endpoint>/batch`, one hit per line, up to 20.
+
+GA4 (`measurement_id`, `api_secret`): `POST <endpoint>/mp/collect?measurement_id=...&api_secret=...`
+with `{"client_id", "user_id"?, "timestamp_micros"?, "events": [{"name", "params"}]}`, up to 25
+events of the same client, user and second per request (`timestamp_micros`: the first one's
+`_timestamp`). An event's `client_id` is its `client_id` field,
+else `cid`, else the user's `anonymous_id` (`eventn_ctx.user` or `user`); `user_id` is its
+`user_id`, else `uid`, else the user's `id`; the name is `event_name`, else `event_type`
+(`pageview`/`page` → `page_view`), which GA4 wants as letters, digits and `_` (40 at most); the
+params are its `params` object, else `page_location`, `page_title` and `page_referrer` from the
+event's `url`, `page_title` and `referer` (top level or in `eventn_ctx`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import orjson
+
+from eventspark.destinations.google_analytics.configuration import GoogleAnalyticsConfig, GoogleAnalyticsDestination
+from eventspark.destinations.http.config import base_url
+from eventspark.destinations.http.service import HttpRequest, Refused, Service, chunks
+from eventspark.destinations.http.sink import HttpSink
+from eventspark.steps.gotemplate.errors import TemplateEvalError
+from eventspark.steps.gotemplate.gofmt import go_value
+
+PUBLIC_URL = "https://www.google-analytics.com"
+HIT_TYPES = {
+    "pageview": "pageview",
+    "screenview": "screenview",
+    "event": "event",
+    "conversion": "transaction",
+    "transaction": "transaction",
+    "item": "item",
+    "social": "social",
+    "exception": "exception",
+    "timing": "timing",
+}
+DEFAULT_HIT_TYPE = "event"
+MAX_HIT_BYTES = 8192
+"""Universal Analytics refuses larger hits."""
+GA4_NAMES = {"pageview": "page_view", "page": "page_view"}
+_GA4_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,39}")
+
+
+def build(dest_id: str, dest: GoogleAnalyticsDestination, events_dir: Path) -> HttpSink:
+    config = dest.google_analytics
+    service: Service = UniversalAnalytics(config) if config.tracking_id else GA4(config)
+    return HttpSink(dest_id, service, config)
+
+
+class UniversalAnalytics(Service):
+    name = "Google Analytics"
+    batch_size = 20
+
+    def __init__(self, config: GoogleAnalyticsConfig) -> None:
+        assert config.tracking_id
+        self.tracking_id = config.tracking_id
+        self.base = base_url(config, PUBLIC_URL)
+
+    def payload(self, event: dict[str, Any]) -> str:
+        params = [("tid", self.tracking_id), ("v", "1")]
+        try:
+            for key, value in event.items():
+                text = value if type(value) is str else go_value(value)
+                if key == "t":
+                    text = HIT_TYPES.get(text, DEFAULT_HIT_TYPE)
+                params.append((key, text))
+        except TemplateEvalError as exc:
+            raise Refused(str(exc)) from None
+        hit = urlencode(sorted(params, key=lambda item: item[0]))  # Go's url.Values.Encode sorts keys
+        if len(hit.encode()) > MAX_HIT_BYTES:
+            raise Refused(f"the hit is longer than {MAX_HIT_BYTES} bytes")
+        return hit
+
+    def requests(self, payloads: Sequence[tuple[int, Any]]) -> Iterable[HttpRequest]:
+        for group in chunks(payloads, self.batch_size):
+            positions = tuple(position for position, _ in group)
+            if len(group) == 1:
+                yield HttpRequest("GET", f"{self.base}/collect?{group[0][1]}", positions)
+            else:
+                body = "\n".join(hit for _, hit in group).encode()
+                yield HttpRequest("POST", f"{self.base}/batch", positions, body, {"Content-Type": "text/plain"})
+
+
+class GA4(Service):
+    name = "Google Analytics 4"
+    batch_size = 25
+
+    def __init__(self, config: GoogleAnalyticsConfig) -> None:
+        assert config.measurement_id and config.api_secret
+        self.secret = config.api_secret.get_secret_value()
+        query = urlencode({"measurement_id": config.measurement_id, "api_secret": self.secret})
+        self.url = f"{base_url(config, PUBLIC_URL)}/mp/collect?{query}"
+
+    def secrets(self) -> Iterable[str]:
+        return (self.secret,)
+
+    def payload(self, event: dict[str, Any]) -> tuple[tuple[str, str | None], dict[str, Any], int | None]:
+        """((client_id, user_id), the GA4 event, timestamp_micros)."""
+        context = event.get("eventn_ctx") if isinstance(event.get("eventn_ctx"), dict) else event
+        user = context.get("user") if isinstance(context.get("user"), dict) else {}
+        client = _first(event.get("client_id"), event.get("cid"), user.get("anonymous_id"))
+        if client is None:
+            raise Refused("the event has no client_id (nor cid, nor user.anonymous_id)")
+        user_id = _first(event.get("user_id"), event.get("uid"), user.get("id"))
+        raw_name = _first(event.get("event_name"), event.get("event_type"))
+        if raw_name is None:
+            raise Refused("the event has no event_name nor event_type")
+        name = GA4_NAMES.get(raw_name, raw_name)
+        if not _GA4_NAME.fullmatch(name):
+            raise Refused(f"event name {name!r} is not a GA4 name (a letter, then letters, digits, _; 40 at most)")
+        params = event.get("params")
+        if not isinstance(params, dict):
+            params = {}
+            for param, key in (("page_location", "url"), ("page_title", "page_title"), ("page_referrer", "referer")):
+                value = _first(event.get(key), context.get(key))
+                if value is not None:
+                    params[param] = value
+        return (client, user_id), {"name": name, "params": params}, _micros(event.get("_timestamp"))
+
+    def requests(self, payloads: Sequence[tuple[int, Any]]) -> Iterable[HttpRequest]:
+        # One request carries one client, user and timestamp: events of the same second share it.
+        groups: dict[tuple[str, str | None, int | None], list[tuple[int, dict[str, Any], int | None]]] = {}
+        for position, (who, item, micros) in payloads:
+            second = None if micros is None else micros // 1_000_000
+            groups.setdefault((*who, second), []).append((position, item, micros))
+        for (client, user_id, _), items in groups.items():
+            for group in chunks(items, self.batch_size):
+                body: dict[str, Any] = {"client_id": client}
+                if user_id is not None:
+                    body["user_id"] = user_id
+                if group[0][2] is not None:
+                    body["timestamp_micros"] = group[0][2]
+                body["events"] = [item for _, item, _ in group]
+                positions = tuple(position for position, _, _ in group)
+                yield HttpRequest("POST", self.url, positions, orjson.dumps(body), {"Content-Type": "application/json"})
+
+
+def _first(*values: Any) -> str | None:
+    for value in values:
+        if value is not None and value != "":
+            return value if type(value) is str else go_value(value)
+    return None
+
+
+def _micros(value: Any) -> int | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1_000_000)

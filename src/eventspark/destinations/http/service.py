@@ -1,0 +1,71 @@
+"""What each HTTP service defines: how an event becomes its payload and payloads become requests."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+from urllib.parse import quote
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """One request on the wire and the events it carries (positions in the send)."""
+
+    method: str
+    url: str
+    events: tuple[int, ...]
+    body: bytes | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # the url and headers may hold secrets
+        return f"HttpRequest({self.method}, {len(self.events)} events, {len(self.body or b'')} bytes)"
+
+
+class Refused(ValueError):
+    """`Service.payload` refuses one event (it goes to failed/ with this reason)."""
+
+
+class Service(ABC):
+    """One HTTP service: subclasses define `payload` and `requests`, nothing about the wire."""
+
+    name: ClassVar[str]
+    """For messages: "webhook", "Amplitude"..."""
+    batch_size: ClassVar[int] = 1
+    """Most events in one request, as the protocol allows."""
+
+    def secrets(self) -> Iterable[str]:
+        """Texts never to show in a log line or a failed record (keys, tokens)."""
+        return ()
+
+    @abstractmethod
+    def payload(self, event: dict[str, Any]) -> Any:
+        """The event as this service takes it; `Refused` (the reason) when it cannot be sent.
+        `event` belongs to the caller: copy before changing it."""
+
+    @abstractmethod
+    def requests(self, payloads: Sequence[tuple[int, Any]]) -> Iterable[HttpRequest]:
+        """Requests for `payloads` (position, payload): each position in exactly one request."""
+
+
+def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class Redactor:
+    """Replaces every secret (and its URL-encoded form) in a text by `***`."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        forms = set()
+        for secret in secrets:
+            if secret and len(secret) >= 4:  # shorter would redact ordinary words
+                forms.update({secret, quote(secret, safe=""), quote(secret)})
+        self._forms = sorted(forms, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for form in self._forms:
+            if form in text:
+                text = text.replace(form, "***")
+        return text

@@ -1,0 +1,207 @@
+"""Batch passes on the shared SparkSession into moto S3 and fake-gcs-server: every format read
+back by a real reader, table folders, failed events, reruns after a crash, secrets."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import eventspark.batch.job as job_module
+from eventspark.batch.job import JobResult
+from eventspark.batch.load import Fault
+from eventspark.batch.process import run_pass
+from eventspark.batch.splits import plan_splits
+from eventspark.config import LoadedConfig
+from eventspark.coordination import MemoryCoordination
+from eventspark.logs.status import read_status, status_path
+from tests.batch.helpers import event, failed_lines, make_config, put_log
+from tests.files.stores import GcsStore, S3Store
+
+pytestmark = pytest.mark.spark
+
+FORMATS = ("json", "flat_json", "csv", "parquet")
+EXT = {"json": "ndjson", "flat_json": "ndjson", "csv": "csv", "parquet": "parquet"}
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def store(request: pytest.FixtureRequest) -> S3Store | GcsStore:
+    if request.param == "s3":
+        return S3Store(request.getfixturevalue("moto_s3"), request.getfixturevalue("s3_bucket"))
+    return GcsStore(request.getfixturevalue("fake_gcs"), request.getfixturevalue("gcs_bucket"))
+
+
+def run(spark: Any, loaded: LoadedConfig, fault: Fault | None = None) -> JobResult:
+    return run_pass(loaded, MemoryCoordination("test"), fault=fault, session=spark)
+
+
+def stem(log: Path) -> str:
+    return log.name.removesuffix(".log")
+
+
+EVENTS = [
+    event("1", event_type="click", user={"id": 7, "name": "ann"}, n=1, amount=1, flag=True),
+    event("2", event_type="click", user={"id": 8}, n="x", amount=2.5, tags=["a", "b"]),
+    event("3", event_type="view", page={"path": '/p,"q"\n'}),
+    event("4", event_type=""),  # skipped: the template renders empty
+    event("5", event_type="bad", broken={"deeper": 1}),  # fails the template
+]
+TEMPLATE = "{{.event_type}}{{if .broken}}{{.broken.deeper.Format}}{{end}}"
+
+
+@pytest.mark.parametrize("compression", ["", "gzip"])
+def test_every_format_is_written_once_per_log_and_table_and_read_back(
+    spark: Any, tmp_path: Path, store: S3Store | GcsStore, compression: str
+) -> None:
+    destinations = {
+        fmt: store.destination(fmt, compression, folder=f"lake/{fmt}/", template=TEMPLATE) for fmt in FORMATS
+    }
+    loaded = make_config(tmp_path, destinations)
+    log = put_log(tmp_path, EVENTS)
+
+    result = run(spark, loaded)
+
+    assert result.ok, result.pairs
+    assert not log.exists()  # every pair uploaded: archived
+    objects = store.objects()
+    gz = ".gz" if compression else ""
+    expected = {
+        f"lake/{fmt}/{table}/{stem(log)}.{EXT[fmt]}{gz if fmt != 'parquet' else ''}"
+        for fmt in FORMATS
+        for table in ("click", "view")
+    }
+    assert set(objects) == expected
+
+    def body(fmt: str, table: str) -> bytes:
+        data = objects[f"lake/{fmt}/{table}/{stem(log)}.{EXT[fmt]}{gz if fmt != 'parquet' else ''}"]
+        return gzip.decompress(data) if compression and fmt != "parquet" else data
+
+    # json: the events as received, nested, one per line, after the default enrichment (ip_lookup
+    # into eventn_ctx.location: null, as no GeoIP database is configured).
+    enriched = [{**e, "eventn_ctx": {**e["eventn_ctx"], "location": None}} for e in EVENTS]
+    assert [orjson.loads(line) for line in body("json", "click").splitlines()] == enriched[:2]
+    assert [orjson.loads(line) for line in body("json", "view").splitlines()] == [enriched[2]]
+    # flat_json: flattened, typed: n promoted to text within the object.
+    rows = [orjson.loads(line) for line in body("flat_json", "click").splitlines()]
+    assert [(r["eventn_ctx_event_id"], r["user_id"], r["n"]) for r in rows] == [("1", 7, "1"), ("2", 8, "x")]
+    assert rows[0]["user_name"] == "ann" and "user" not in rows[0]
+    # csv: a header row, then the flattened rows; a field with a comma, quotes and a newline.
+    view = list(csv.DictReader(io.StringIO(body("csv", "view").decode())))
+    assert view == [
+        {
+            "_timestamp": "2020-08-02T18:23:56.291383Z",
+            "eventn_ctx_event_id": "3",
+            "event_type": "view",
+            "page_path": '/p,"q"\n',
+        }
+    ]
+    click = list(csv.DictReader(io.StringIO(body("csv", "click").decode())))
+    assert [(r["n"], r["amount"], r["flag"]) for r in click] == [("1", "1.0", "true"), ("x", "2.5", "")]
+    # parquet: typed columns from the batch header.
+    table = pq.read_table(pa.BufferReader(body("parquet", "click")))
+    types = {field.name: field.type for field in table.schema}
+    assert types["_timestamp"] == pa.timestamp("us", tz="UTC")
+    assert types["user_id"] == pa.int64() and types["amount"] == pa.float64() and types["flag"] == pa.bool_()
+    assert types["n"] == pa.string()
+    assert table.column("eventn_ctx_event_id").to_pylist() == ["1", "2"]
+    assert table.column("amount").to_pylist() == [1.0, 2.5]
+    # The template failure went to events/failed once per destination; the skip is counted.
+    for fmt in FORMATS:
+        (failure,) = failed_lines(tmp_path, fmt)
+        assert failure["event_id"] == "5" and "table_name_template" in failure["error"]
+        assert result.pairs[fmt, ""].skipped == 1
+
+
+def test_table_name_template_makes_folders_and_unsafe_names_fail_alone(
+    spark: Any, tmp_path: Path, moto_s3: str, s3_bucket: str
+) -> None:
+    s3 = S3Store(moto_s3, s3_bucket)
+    destination = s3.destination("flat_json", folder="/lake/events/", template="{{.app}}_{{.event_type}}")
+    loaded = make_config(tmp_path, {"d": destination})
+    events = [
+        event("1", app="web", event_type="a"),
+        event("2", app="web", event_type="b"),
+        event("3", app="x/../../etc", event_type="c"),  # the template engine makes it x_______etc_c
+        event("4", app="a" * 300, event_type="c"),  # longer than a folder name may be
+    ]
+    log = put_log(tmp_path, events)
+
+    assert run(spark, loaded).ok
+
+    folders = ["web_a", "web_b", "x_______etc_c"]
+    assert sorted(s3.objects()) == [f"lake/events/{folder}/{stem(log)}.ndjson" for folder in folders]
+    (failure,) = failed_lines(tmp_path, "d")
+    assert failure["event_id"] == "4" and "longer than 255 bytes" in failure["error"]
+
+
+def _crash_at(point: str) -> Fault:
+    def crash(at: str) -> None:
+        if at == point:
+            raise SystemExit(f"crash at {at}")  # not an Exception: nothing may catch it
+
+    return crash
+
+
+@pytest.mark.parametrize("resplit", [False, True], ids=["same-splits", "other-splits"])
+def test_a_rerun_after_a_crash_leaves_one_object_per_log_and_table(
+    spark: Any, tmp_path: Path, store: S3Store | GcsStore, monkeypatch: pytest.MonkeyPatch, resplit: bool
+) -> None:
+    loaded = make_config(tmp_path, {"d": store.destination("json", "gzip", template=TEMPLATE)})
+    events = [event(str(i), event_type="ab"[i % 2], n=i) for i in range(40)]
+    first = put_log(tmp_path, [*events[:30], EVENTS[4]])
+    second = put_log(tmp_path, events[30:])
+    # The first pass cuts the logs into small splits: several objects per log and table.
+    monkeypatch.setattr(job_module, "plan_splits", lambda logs, cores: plan_splits(logs, cores, max_bytes=600))
+
+    with pytest.raises(SystemExit):
+        run(spark, loaded, fault=_crash_at("pair committed"))  # after the executors wrote every object
+    assert first.exists() and not status_path(first).exists()
+    parts = store.objects()
+    assert sum(".part-" in key for key in parts) > 4
+
+    if resplit:
+        monkeypatch.undo()  # the rerun reads each log whole
+    result = run(spark, loaded)
+
+    assert result.ok and not first.exists() and not second.exists()
+    objects = store.objects()
+    if resplit:
+        expected = {f"{t}/{stem(log)}.ndjson.gz" for t in "ab" for log in (first, second)}
+        assert set(objects) == expected  # the parts of the killed pass are gone
+    else:
+        assert set(objects) == set(parts)  # the same names, overwritten
+    written = [orjson.loads(line) for data in objects.values() for line in gzip.decompress(data).splitlines()]
+    assert sorted(e["n"] for e in written) == list(range(40))  # each event once
+    assert [f["event_id"] for f in failed_lines(tmp_path, "d")] == ["5"]
+
+
+def test_secrets_stay_out_of_errors_logs_and_status_files(
+    spark: Any, tmp_path: Path, moto_s3: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "SECRET-do-not-print-7f3a"
+    destination = S3Store(moto_s3, "no-such-bucket-here").destination("csv")
+    destination["s3"] |= {"access_key_id": "AKIDSECRET9", "secret_access_key": secret}
+    loaded = make_config(tmp_path, {"d": destination})
+    log = put_log(tmp_path, [event("1")])
+
+    with caplog.at_level(logging.DEBUG, logger="eventspark"):
+        result = run(spark, loaded)
+
+    assert not result.ok
+    error = result.pairs["d", "events"].error
+    assert "NoSuchBucket" in error and "s3://no-such-bucket-here/" in error
+    status = read_status(log)["d"]["events"]
+    assert not status.uploaded
+    texts = [error, caplog.text, status_path(log).read_text(), repr(loaded.config)]
+    failed = tmp_path / "events" / "failed"
+    texts += [p.read_text() for p in failed.rglob("*") if p.is_file()] if failed.exists() else []
+    for text in texts:
+        assert secret not in text and "AKIDSECRET9" not in text
