@@ -328,3 +328,14 @@ def test_the_block_may_be_spelled_config(tmp_path: Path) -> None:
     both = loaded.config.destinations["both"]
     assert isinstance(both, PostgresDestination) and both.datasource.db == "a"
     assert any("destinations.both.config" in w for w in loaded.warnings), loaded.warnings
+
+
+def test_primary_keys_of_a_destination_that_never_replaces_events_are_reported(tmp_path: Path) -> None:
+    text = (
+        "destinations:\n"
+        "  hook: {type: webhook, mode: stream, webhook: {url: 'http://example.com'},"
+        " data_layout: {primary_key_fields: [id]}}\n"
+        "  pg: {type: postgres, datasource: {db: a}, data_layout: {primary_key_fields: [id]}}\n"
+    )
+    warnings = load_config(write(tmp_path, text), env={}).warnings
+    assert warnings == ["destinations.hook.data_layout.primary_key_fields: webhook never replaces events"]

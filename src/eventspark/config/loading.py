@@ -151,6 +151,9 @@ def keys_without_effect(config: Config) -> Iterator[str]:
     for dest_id, dest in config.destinations.items():
         if dest.mode == "batch" and dest.stream.model_fields_set:
             yield f"destinations.{dest_id}.stream: has no effect in batch mode"
+        upsert = REGISTRY[dest.type].capabilities.upsert
+        if upsert == "none" and dest.data_layout.primary_key_fields:
+            yield f"destinations.{dest_id}.data_layout.primary_key_fields: {dest.type} never replaces events"
 
 
 def apply_defaults(loaded: LoadedConfig, embedded: bool) -> None:

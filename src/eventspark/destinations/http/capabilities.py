@@ -12,7 +12,7 @@ def http_capabilities() -> Capabilities:
     return Capabilities(
         modes=frozenset({"stream"}),
         delivery="events",
-        upsert="on_conflict",
+        upsert="none",
         stage="files",
         transactions=False,
         ddl_in_transactions=False,
