@@ -205,3 +205,134 @@ def test_secrets_stay_out_of_errors_logs_and_status_files(
     texts += [p.read_text() for p in failed.rglob("*") if p.is_file()] if failed.exists() else []
     for text in texts:
         assert secret not in text and "AKIDSECRET9" not in text
+
+
+def test_a_rerun_in_another_format_leaves_the_old_formats_objects(
+    spark: Any, tmp_path: Path, store: S3Store | GcsStore
+) -> None:
+    """The driver removes only parts of its own extension: objects of another format in the folder
+    (an earlier format of the destination, or anything else) are never its to delete."""
+    log = put_log(tmp_path, [event(str(i), event_type="a") for i in range(3)])
+    with pytest.raises(SystemExit):
+        run(spark, make_config(tmp_path, {"d": store.destination("csv")}), fault=_crash_at("pair committed"))
+    assert set(store.objects()) == {f"events/{stem(log)}.csv"}
+
+    result = run(spark, make_config(tmp_path, {"d": store.destination("parquet")}))
+
+    assert result.ok and not log.exists()
+    assert set(store.objects()) == {f"events/{stem(log)}.csv", f"events/{stem(log)}.parquet"}
+
+
+@pytest.mark.parametrize("kind", ["s3", "gcs"])
+def test_a_files_destination_that_cannot_open_its_store_fails_its_pairs_alone(
+    spark: Any, tmp_path: Path, kind: str
+) -> None:
+    """An endpoint that gets past the config check and still makes the client raise a non-service
+    error (here one set after validation) fails the pair, not the pass: DuckDB beside it loads."""
+    from tests.batch.helpers import duck_rows, duckdb_destination
+
+    store = S3Store("http://127.0.0.1:9", "lake") if kind == "s3" else GcsStore("http://127.0.0.1:9", "lake")
+    loaded = make_config(tmp_path, {"duck": duckdb_destination("events"), "lake": store.destination("json")})
+    block = loaded.config.destinations["lake"].s3 if kind == "s3" else loaded.config.destinations["lake"].google
+    setattr(block, "endpoint" if kind == "s3" else "gcs_endpoint", "not a url")
+    log = put_log(tmp_path, [event(str(i)) for i in range(3)])
+
+    result = run(spark, loaded)
+
+    assert duck_rows(tmp_path, "select count(*) from events") == [(3,)]
+    assert result.pairs["duck", "events"].error == ""
+    error = result.pairs["lake", "events"].error
+    assert error and "not a url" in error, error
+    assert log.exists()  # kept for the next pass
+    assert not read_status(log)["lake"]["events"].uploaded and read_status(log)["duck"]["events"].uploaded
+
+
+@pytest.fixture
+def faulty(store: S3Store | GcsStore) -> Any:
+    from tests.files.faulty import FaultyStore
+
+    proxy = FaultyStore(store.endpoint, store.type_name)
+    yield proxy
+    proxy.close()
+
+
+def test_throttling_and_5xx_answers_to_an_upload_are_retried_within_the_pass(
+    spark: Any, tmp_path: Path, store: S3Store | GcsStore, faulty: Any
+) -> None:
+    through = type(store)(faulty.endpoint, store.bucket)
+    loaded = make_config(tmp_path, {"d": through.destination("json")})
+    log = put_log(tmp_path, [event(str(i)) for i in range(3)])
+    faulty.answers = [503, 429] if store.type_name == "gcs" else [503, 500]
+
+    result = run(spark, loaded)
+
+    assert result.ok, result.pairs
+    assert faulty.writes()[-3:] == [*([503, 429] if store.type_name == "gcs" else [503, 500]), 200]
+    (data,) = store.objects().values()
+    assert [orjson.loads(line)["eventn_ctx"]["event_id"] for line in data.splitlines()] == ["0", "1", "2"]
+    assert not log.exists()
+
+
+def test_a_failed_upload_keeps_the_pair_and_the_next_pass_writes_it_once(
+    spark: Any, tmp_path: Path, store: S3Store | GcsStore, faulty: Any
+) -> None:
+    """S3: 503 on every attempt (boto3's six), a transient error after the retries. GCS: a 403,
+    refused at once (its retries of a 5xx go on for five minutes)."""
+    through = type(store)(faulty.endpoint, store.bucket)
+    loaded = make_config(tmp_path, {"d": through.destination("csv", template=TEMPLATE)})
+    log = put_log(tmp_path, EVENTS)
+    # Two objects (click, view): S3 gives each six attempts (boto3's max_attempts 5 counts retries), GCS one.
+    faulty.answers = [503] * 12 if store.type_name == "s3" else [403, 403]
+
+    first = run(spark, loaded)
+
+    assert faulty.answers == [] and faulty.writes() == ([503] * 12 if store.type_name == "s3" else [403, 403])
+    expected = "ServiceUnavailable" if store.type_name == "s3" else "403"
+    for table in ("click", "view"):
+        assert expected in first.pairs["d", table].error, first.pairs
+        assert not read_status(log)["d"][table].uploaded
+    assert log.exists() and store.objects() == {}
+
+    second = run(spark, loaded)
+
+    assert second.ok and not log.exists()
+    objects = store.objects()
+    assert set(objects) == {f"{table}/{stem(log)}.csv" for table in ("click", "view")}
+    rows = [r for data in objects.values() for r in csv.DictReader(io.StringIO(data.decode()))]
+    assert sorted(r["eventn_ctx_event_id"] for r in rows) == ["1", "2", "3"]
+    assert [f["event_id"] for f in failed_lines(tmp_path, "d")] == ["5"]  # once, from the first pass
+
+
+def test_a_missing_bucket_fails_the_pair_with_the_services_answer(
+    spark: Any, tmp_path: Path, store: S3Store | GcsStore
+) -> None:
+    missing = type(store)(store.endpoint, "no-such-bucket-here")
+    loaded = make_config(tmp_path, {"d": missing.destination("parquet")})
+    log = put_log(tmp_path, [event("1")])
+
+    result = run(spark, loaded)
+
+    error = result.pairs["d", "events"].error
+    assert ("NoSuchBucket" if store.type_name == "s3" else "404") in error, error
+    assert log.exists() and not read_status(log)["d"]["events"].uploaded
+
+
+def test_parquet_promotes_a_column_across_the_parts_of_an_object_in_a_real_pass(
+    spark: Any, tmp_path: Path, store: S3Store | GcsStore
+) -> None:
+    loaded = make_config(tmp_path, {"d": store.destination("parquet", "gzip")})
+    # Two rows a part: n is an integer in the first part, text in the second, a float in the third.
+    events = [event("1", n=1), event("2", n=2), event("3", n="x"), event("4", n=4), event("5", n=1.5)]
+    log = put_log(tmp_path, events)
+
+    result = run_pass(loaded, MemoryCoordination("test"), chunk_rows=2, session=spark)
+
+    assert result.ok, result.pairs
+    (data,) = store.objects().values()
+    parquet = pq.ParquetFile(pa.BufferReader(data))
+    assert parquet.metadata.num_row_groups == 3  # one per part
+    table = parquet.read()
+    assert table.schema.field("n").type == pa.string()
+    assert table.column("n").to_pylist() == ["1", "2", "x", "4", "1.5"]
+    assert table.column("eventn_ctx_event_id").to_pylist() == ["1", "2", "3", "4", "5"]
+    assert not log.exists()

@@ -39,10 +39,13 @@ def test_stale_objects_are_only_this_logs_in_this_table() -> None:
         *written,
         object_key("lake", "t", LOG, 0, False, "json", ""),
         object_key("lake", "t", LOG, 512, False, "json", ""),
-        object_key("lake", "t", LOG, 0, True, "csv", "gzip"),
+        object_key("lake", "t", LOG, 0, True, "json", "gzip"),  # the same format, gzipped before
+        object_key("lake", "t", LOG, 0, True, "csv", "gzip"),  # another format's: never removed
+        object_key("lake", "t", LOG, 0, False, "parquet", ""),
         prefix + "notes.txt",  # not an object eventspark writes: kept
     ]
-    assert stale(prefix, listed, written) == sorted(listed[1:4])
+    assert stale(prefix, listed, written, "json") == sorted(listed[1:4])
+    assert stale(prefix, listed, set(), "csv") == [listed[4]]
 
 
 @pytest.mark.parametrize("name", ["a/b", "..", ".", "", "x\x00y", "tab\tname", "\\", "é" * 200])
@@ -76,7 +79,7 @@ def test_csv_has_a_header_row_and_every_row_in_its_columns() -> None:
     data, _header = encode(_flat_buffer_promoting_across_parts(), "csv", "gzip")
     rows = list(csv.reader(io.StringIO(gzip.decompress(data).decode())))
     assert rows[0] == ["n", "f", "b", "_timestamp", "s"]
-    assert rows[1] == ["1", "1.0", "true", "2026-11-24T10:00:00.5Z", ""]
+    assert rows[1] == ["1", "1.0", "true", "2026-11-24T10:00:00.500000Z", ""]
     assert rows[2] == ["x", "2.5", "", "", 'a,"b"\nc']
     assert rows[3] == ["", "3.0", "", "", ""]
 
@@ -118,3 +121,45 @@ def test_secrets_are_not_in_reprs() -> None:
         for secret in ("AKIDSECRET1", "SECRET-s3-xyz", "SECRET-KEY"):
             assert secret not in text
     assert "s3://b/" in repr(adapters[0]) and "gs://b/" in repr(adapters[1])
+
+
+def _buffer_with_offsets_and_empty_strings() -> FlatBuffer:
+    buffer = FlatBuffer("t")
+    assert buffer.add({"_timestamp": "2026-11-24T12:00:00.123456789+02:00", "s": "", "n": None}, {}) is None
+    assert buffer.add({"_timestamp": "2026-11-24T10:00:00Z", "s": None, "n": 1}, {}) is None
+    return buffer
+
+
+def test_flat_json_and_csv_write_timestamps_in_utc_like_the_warehouses_stage() -> None:
+    expected = ["2026-11-24T10:00:00.123456Z", "2026-11-24T10:00:00.000000Z"]
+    data, _header = encode(_buffer_with_offsets_and_empty_strings(), "flat_json", "")
+    assert [orjson.loads(line)["_timestamp"] for line in data.splitlines()] == expected
+    data, _header = encode(_buffer_with_offsets_and_empty_strings(), "csv", "")
+    assert [row["_timestamp"] for row in csv.DictReader(io.StringIO(data.decode(), newline=""))] == expected
+
+
+def test_csv_lines_end_with_crlf_and_null_differs_from_an_empty_string() -> None:
+    data, _header = encode(_buffer_with_offsets_and_empty_strings(), "csv", "")
+    assert data.split(b"\r\n") == [
+        b"_timestamp,s,n",
+        b'2026-11-24T10:00:00.123456Z,"",',  # "" quoted, NULL unquoted empty (as PostgreSQL's COPY)
+        b"2026-11-24T10:00:00.000000Z,,1",
+        b"",
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["json", "parquet"])
+def test_a_buffer_spills_a_part_once_its_lines_take_part_bytes(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import eventspark.destinations.files.formats as formats
+
+    monkeypatch.setattr(formats, "PART_BYTES", 1000)
+    buffer = formats.new_buffer(fmt, "t")
+    for i in range(100):  # about 40 bytes a row: a part every 25 rows or so, with no spill() call
+        assert buffer.add({"i": i, "s": "x" * 20}, {}) is None
+    assert len(buffer) < 30 and buffer.total == 100
+    data, _header = encode(buffer, fmt, "")
+    if fmt == "json":
+        assert [orjson.loads(line)["i"] for line in data.splitlines()] == list(range(100))
+    else:
+        metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
+        assert metadata.num_rows == 100 and metadata.num_row_groups >= 4

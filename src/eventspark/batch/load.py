@@ -69,4 +69,8 @@ def commit_objects(adapter: DestinationAdapter, pair: PairLoad) -> str:
     except DestinationError as exc:
         log.warning("destination %s, table %s: %s", pair.dest_id, pair.table, exc)
         return str(exc)
+    except Exception as exc:  # a client's untranslated error fails the pair, never the pass
+        error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        log.warning("destination %s, table %s: %s", pair.dest_id, pair.table, error)
+        return error
     return ""

@@ -246,6 +246,9 @@ class PartitionTask:
                 # The pair fails for this pass (the driver will not settle it); the task goes on.
                 self.errors[dest_id, table] = f"writing: {exc}"
                 continue
+            except Exception as exc:  # a client's untranslated error fails the pair, never the pass
+                self.errors[dest_id, table] = f"writing: {type(exc).__name__}: {str(exc)[:300]}"
+                continue
             payload = orjson.dumps({"chunk": chunk.to_dict(), "header": header.to_dict()})
             self.chunks.append((dest_id, table, payload))
 

@@ -40,6 +40,7 @@ def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -
     raw = substitute_env(raw, os.environ if env is None else env)
     config = validate_config(raw)
     check_unimplemented(config)
+    check_object_locations(config)
     loaded = LoadedConfig(config=config, warnings=[*unknown_keys(config), *keys_without_effect(config)])
     apply_defaults(loaded, embedded=path is None)
     check_steps(config)
@@ -143,6 +144,23 @@ def check_unimplemented(config: Config) -> None:
         if section is not None and section.enabled:
             raise ConfigError(
                 f"{where}: user recognition is not implemented yet; set enabled: false or remove the section"
+            )
+
+
+def check_object_locations(config: Config) -> None:
+    """ConfigError for two destinations writing objects to one place (the files family's
+    `object_location()`: type, endpoint, bucket, folder): object names come from the log and the
+    table, so each would overwrite the other's objects and remove them as stale."""
+    seen: dict[tuple[str, ...], str] = {}
+    for dest_id, dest in config.destinations.items():
+        location = getattr(dest, "object_location", None)
+        if location is None:
+            continue
+        first = seen.setdefault(location(), dest_id)
+        if first != dest_id:
+            raise ConfigError(
+                f"destinations.{first} and destinations.{dest_id} write objects to the same bucket and folder; "
+                "give each its own folder (or bucket)"
             )
 
 

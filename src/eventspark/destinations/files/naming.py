@@ -27,13 +27,46 @@ EXTENSIONS: dict[str, str] = {"json": "ndjson", "flat_json": "ndjson", "csv": "c
 MAX_TABLE_BYTES = 255
 """Longest table name (a folder name), in UTF-8 bytes: what common filesystems take, so that
 objects can be copied to disk; S3 and GCS names may hold 1024 bytes in all."""
+MAX_KEY_BYTES = 1024
+"""Longest object name S3 and GCS take, in UTF-8 bytes."""
+MAX_FOLDER_BYTES = MAX_KEY_BYTES - (MAX_TABLE_BYTES + 1) - (255 + 1) - len(".part-000000000000.parquet.gz")
+"""Longest `folder`: what an object name leaves once the table (255 bytes at most), the log's
+name (a file name: 255 bytes at most) and the longest suffix are in, so no name is refused."""
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
-_OBJECT_SUFFIX = re.compile(r"(?:part-\d{12}\.)?(?:ndjson|csv|parquet)(?:\.gz)?")
+_OBJECT_SUFFIXES = {ext: re.compile(rf"(?:part-\d{{12}}\.)?{ext}(?:\.gz)?") for ext in sorted(set(EXTENSIONS.values()))}
 
 
 def clean_folder(folder: str) -> str:
     """The configured `folder` without leading or trailing slashes ('' for none)."""
     return folder.strip().strip("/")
+
+
+def check_folder(folder: str) -> str:
+    """The `folder` key as given, or ValueError: no control characters, short enough that every
+    object name fits (`MAX_FOLDER_BYTES`)."""
+    clean = clean_folder(folder)
+    if _CONTROL_CHARS.search(clean):
+        raise ValueError("folder holds control characters")
+    size = len(clean.encode("utf-8", errors="replace"))
+    if size > MAX_FOLDER_BYTES:
+        raise ValueError(f"folder is {size} bytes long; object names leave it {MAX_FOLDER_BYTES} at most")
+    return folder
+
+
+def check_endpoint(endpoint: str) -> str:
+    """An endpoint override as given ('' for none), or ValueError: an http(s) URL with a host."""
+    from urllib.parse import urlsplit
+
+    if not endpoint:
+        return endpoint
+    try:
+        url = urlsplit(endpoint)
+        url.port  # noqa: B018 - raises ValueError for a port that is not a number or out of range
+    except ValueError as exc:
+        raise ValueError(f"endpoint is not a URL: {exc}") from None
+    if url.scheme not in ("http", "https") or not url.hostname or any(c.isspace() for c in endpoint):
+        raise ValueError("endpoint must be an http:// or https:// URL with a host, e.g. https://storage.example.com")
+    return endpoint
 
 
 def log_stem(log: str) -> str:
@@ -52,12 +85,13 @@ def object_key(folder: str, table: str, log: str, start: int, whole: bool, fmt: 
     return f"{log_prefix(folder, table, log)}{part}{EXTENSIONS[fmt]}{gz}"
 
 
-def stale(prefix: str, listed: Iterable[str], written: set[str]) -> list[str]:
-    """Objects of one log and table (`log_prefix`) that this pass did not write: an earlier pass
-    cut the log into other splits, or wrote another format."""
-    return sorted(
-        key for key in listed if key not in written and _OBJECT_SUFFIX.fullmatch(key[len(prefix) :]) is not None
-    )
+def stale(prefix: str, listed: Iterable[str], written: set[str], fmt: str) -> list[str]:
+    """Objects of one log and table (`log_prefix`) in format `fmt`'s extension (gzipped or not)
+    that this pass did not write: an earlier pass cut the log into other splits. Objects of
+    another extension are never stale: they are not this destination's (or an earlier format's,
+    left as they are)."""
+    suffix = _OBJECT_SUFFIXES[EXTENSIONS[fmt]]
+    return sorted(key for key in listed if key not in written and suffix.fullmatch(key[len(prefix) :]) is not None)
 
 
 class ObjectNames(Dialect):

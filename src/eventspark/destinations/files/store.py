@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import IO, Protocol
 
 
 class ObjectStore(Protocol):
     """One client of a bucket. Every method raises `TransientError` (unreachable, timeouts, 5xx,
     throttling) or `TerminalError` (no such bucket, access denied...), messages without secrets."""
 
-    def put(self, key: str, data: bytes, content_type: str) -> None:
-        """Writes (or overwrites) object `key`."""
+    def put(self, key: str, data: IO[bytes], size: int, content_type: str) -> None:
+        """Writes (or overwrites) object `key` with the `size` bytes of `data` (a seekable file at
+        offset 0: a retry reads it again)."""
         ...
 
     def list(self, prefix: str) -> list[str]:

@@ -24,7 +24,7 @@ from eventspark.destinations.base import (
     TerminalError,
 )
 from eventspark.destinations.files.capabilities import FILES_CAPABILITIES
-from eventspark.destinations.files.formats import CONTENT_TYPES, EventBuffer, FlatBuffer, encode, new_buffer
+from eventspark.destinations.files.formats import CONTENT_TYPES, EventBuffer, FlatBuffer, encode_file, new_buffer
 from eventspark.destinations.files.naming import OBJECT_NAMES, log_prefix, object_key, stale
 from eventspark.destinations.files.store import ObjectStore, StoreSettings
 from eventspark.steps.chain import SKIP, ChainResult, DestinationChain, Failure, Row
@@ -81,12 +81,16 @@ class FilesTarget:
         assert isinstance(buffer, EventBuffer | FlatBuffer)
         key = object_key(self.folder, buffer.table, log, start, whole, self.format, self.compression)
         try:
-            data, header = encode(buffer, self.format, self.compression)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise TerminalError(f"{self.store.service}: encoding {self.store.url(key)}: {exc}") from exc
-        if self._opened is None:
-            self._opened = self.store.open()
-        self._opened.put(key, data, CONTENT_TYPES[self.format])
+            try:
+                data, size, header = encode_file(buffer, self.format, self.compression)
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise TerminalError(f"{self.store.service}: encoding {self.store.url(key)}: {exc}") from exc
+            with data:
+                if self._opened is None:
+                    self._opened = self.store.open()
+                self._opened.put(key, data, size, CONTENT_TYPES[self.format])
+        finally:
+            buffer.close()
         columns = {name: f.type for name, f in header.fields.items()}
         return StagedChunk(key, columns, buffer.total), header
 
@@ -136,7 +140,7 @@ class FilesDestination(DestinationAdapter):
         store = self._store()
         for log in load.files:
             prefix = log_prefix(self.folder, load.table.name, log)
-            extra = stale(prefix, store.list(prefix), written)
+            extra = stale(prefix, store.list(prefix), written, self.format)
             if extra:
                 store.delete(extra)
 

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import requests
 from google.api_core import exceptions as api_errors
@@ -16,13 +16,16 @@ from google.api_core.retry import Retry
 from google.auth import exceptions as auth_errors
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import storage
+from google.cloud.storage.retry import DEFAULT_RETRY
 
 from eventspark.destinations.base import TerminalError, TransientError
 
 SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
 HTTP_TIMEOUT = 120.0
-RETRY = Retry(initial=1.0, maximum=30.0, multiplier=2.0, timeout=300.0)
-"""Writes are idempotent (same name, same bytes): retried on 429, 5xx and connection errors."""
+RETRY: Retry = DEFAULT_RETRY.with_delay(initial=1.0, maximum=30.0, multiplier=2.0).with_timeout(300.0)
+"""Writes are idempotent (same name, same bytes): retried on 408, 429, 5xx and connection errors.
+The library's own predicate (`storage.retry._should_retry`): api_core's default one misses the
+media layer's `InvalidResponse` that an upload answered 5xx raises, so uploads were not retried."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,17 +79,18 @@ def key_of(key_file: str | Mapping[str, Any]) -> tuple[str, Mapping[str, Any] | 
 class GcsStore:
     def __init__(self, settings: GcsSettings) -> None:
         self.settings = settings
-        credentials = settings.credentials()
-        options = {"api_endpoint": settings.endpoint} if settings.endpoint else None
-        project = getattr(credentials, "project_id", None) or ("eventspark" if settings.endpoint else None)
         with translated_errors(f"connecting to {settings.url('')}"):
+            credentials = settings.credentials()
+            options = {"api_endpoint": settings.endpoint} if settings.endpoint else None
+            project = getattr(credentials, "project_id", None) or ("eventspark" if settings.endpoint else None)
             self._client = storage.Client(project=project, credentials=credentials, client_options=options)
             self._bucket = self._client.bucket(settings.bucket)
 
-    def put(self, key: str, data: bytes, content_type: str) -> None:
-        with translated_errors(f"writing {self.settings.url(key)} ({len(data)} bytes)"):
+    def put(self, key: str, data: IO[bytes], size: int, content_type: str) -> None:
+        # Up to 8 MB one multipart upload, above a resumable one (the library's choice by size).
+        with translated_errors(f"writing {self.settings.url(key)} ({size} bytes)"):
             blob = self._bucket.blob(key)
-            blob.upload_from_string(data, content_type=content_type, timeout=HTTP_TIMEOUT, retry=RETRY)
+            blob.upload_from_file(data, size=size, content_type=content_type, timeout=HTTP_TIMEOUT, retry=RETRY)
 
     def list(self, prefix: str) -> list[str]:
         with translated_errors(f"listing {self.settings.url(prefix)}"):
@@ -124,5 +128,7 @@ def translated_errors(doing: str) -> Iterator[None]:
         ConnectionError,
     ) as exc:
         raise TransientError(f"gcs: {doing}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
-    except auth_errors.GoogleAuthError as exc:
-        raise TerminalError(f"gcs: {doing}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
+    except (auth_errors.GoogleAuthError, requests.RequestException, ValueError) as exc:
+        # Bad credentials; an invalid URL (requests.InvalidURL), a bad client option...
+        text = str(exc).splitlines()[0][:300] if str(exc) else ""
+        raise TerminalError(f"gcs: {doing}: {type(exc).__name__}: {text}") from exc

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from eventspark.config.base import DestinationBase, Section
+from eventspark.destinations.files.naming import check_endpoint, check_folder, clean_folder
 
 
 class GcsConfig(Section):
@@ -24,7 +25,23 @@ class GcsConfig(Section):
     compression: Literal["", "gzip"] = ""
     """`gzip`: json, flat_json and csv objects gzipped (`.gz`); Parquet uses its GZIP codec."""
 
+    @field_validator("gcs_endpoint")
+    @classmethod
+    def _endpoint_is_a_url(cls, value: str) -> str:
+        return check_endpoint(value)
+
+    @field_validator("folder")
+    @classmethod
+    def _folder_fits(cls, value: str) -> str:
+        return check_folder(value)
+
 
 class GcsDestination(DestinationBase):
     type: Literal["gcs"]
     google: GcsConfig
+
+    def object_location(self) -> tuple[str, ...]:
+        """Where the objects go (`config.loading.check_object_locations`): two destinations with
+        the same location would overwrite and remove each other's objects."""
+        block = self.google
+        return ("gcs", block.gcs_endpoint.rstrip("/"), block.gcs_bucket, clean_folder(block.folder))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import boto3
 from botocore.config import Config
@@ -16,7 +16,8 @@ from eventspark.destinations.base import TerminalError, TransientError
 CONFIG = Config(
     connect_timeout=10,
     read_timeout=120,
-    # boto3's standard retries: throttling, 5xx and connection errors, exponential back-off.
+    # boto3's standard retries: throttling, 5xx and connection errors, exponential back-off; its
+    # max_attempts counts retries: six attempts in all (tests/files/test_batch.py sees them).
     retries={"mode": "standard", "max_attempts": 5},
 )
 _TRANSIENT_CODES = frozenset(
@@ -55,9 +56,12 @@ class S3Store:
                 config=CONFIG,
             )
 
-    def put(self, key: str, data: bytes, content_type: str) -> None:
-        with translated_errors(f"writing {self.settings.url(key)} ({len(data)} bytes)"):
-            self._client.put_object(Bucket=self.settings.bucket, Key=key, Body=data, ContentType=content_type)
+    def put(self, key: str, data: IO[bytes], size: int, content_type: str) -> None:
+        # One PUT (S3 takes up to 5 GB in one); botocore reads the file, and again on a retry.
+        with translated_errors(f"writing {self.settings.url(key)} ({size} bytes)"):
+            self._client.put_object(
+                Bucket=self.settings.bucket, Key=key, Body=data, ContentLength=size, ContentType=content_type
+            )
 
     def list(self, prefix: str) -> list[str]:
         keys: list[str] = []
@@ -96,3 +100,5 @@ def translated_errors(doing: str) -> Iterator[None]:
         raise TerminalError(f"s3: {doing}: no credentials: set s3.access_key_id and s3.secret_access_key") from exc
     except BotoCoreError as exc:
         raise TerminalError(f"s3: {doing}: {type(exc).__name__}: {exc}") from exc
+    except ValueError as exc:  # botocore's "Invalid endpoint", a bad region name...
+        raise TerminalError(f"s3: {doing}: {type(exc).__name__}: {str(exc)[:300]}") from exc

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from eventspark.config.base import DestinationBase, Section
+from eventspark.destinations.files.naming import check_endpoint, check_folder, clean_folder
 
 
 class S3Config(Section):
@@ -25,7 +26,23 @@ class S3Config(Section):
     compression: Literal["", "gzip"] = ""
     """`gzip`: json, flat_json and csv objects gzipped (`.gz`); Parquet uses its GZIP codec."""
 
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_is_a_url(cls, value: str) -> str:
+        return check_endpoint(value)
+
+    @field_validator("folder")
+    @classmethod
+    def _folder_fits(cls, value: str) -> str:
+        return check_folder(value)
+
 
 class S3Destination(DestinationBase):
     type: Literal["s3"]
     s3: S3Config
+
+    def object_location(self) -> tuple[str, ...]:
+        """Where the objects go (`config.loading.check_object_locations`): two destinations with
+        the same location would overwrite and remove each other's objects."""
+        block = self.s3
+        return ("s3", block.endpoint.rstrip("/"), block.bucket, clean_folder(block.folder))
