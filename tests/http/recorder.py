@@ -40,6 +40,7 @@ class Recorder:
         self.arrivals: list[float] = []
         """`time.monotonic()` of each request's arrival."""
         self._script: deque[Answer] = deque()
+        self._rules: list[tuple[bytes, Answer]] = []
         self._lock = threading.Lock()
         self._release = threading.Event()
         recorder = self
@@ -98,6 +99,15 @@ class Recorder:
         with self._lock:
             self._script.extend(Answer(status, named, data) for _ in range(times))
 
+    def answer_when(self, marker: bytes | str, status: int, body: bytes | str = b"", **headers: str) -> None:
+        """Every request whose body or query holds `marker` gets this answer (before the script):
+        answers by content, whatever the order requests arrive in."""
+        mark = marker.encode() if isinstance(marker, str) else marker
+        data = body.encode() if isinstance(body, str) else body
+        named = {name.replace("_", "-"): value for name, value in headers.items()}
+        with self._lock:
+            self._rules.append((mark, Answer(status, named, data)))
+
     def hang(self, times: int = 1) -> None:
         """The next `times` requests get no answer (until `stop`)."""
         with self._lock:
@@ -107,6 +117,9 @@ class Recorder:
         with self._lock:
             self.requests.append(received)
             self.arrivals.append(time.monotonic())
+            for mark, answer in self._rules:
+                if mark in received.body or mark in received.raw_query.encode():
+                    return answer
             return self._script.popleft() if self._script else Answer()
 
     def wait_for(self, count: int, timeout: float = 30.0) -> list[Received]:

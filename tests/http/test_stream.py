@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from eventspark.stream.queue import queue_dir
+from eventspark.stream.worker import StreamSettings
 from tests.collector import conftest as collector_fixtures
 from tests.http.helpers import FAST
 from tests.http.recorder import Recorder
@@ -173,3 +174,19 @@ def test_serve_delivers_to_each_service(run_server: Any, recorder: Recorder, typ
         assert time.monotonic() < deadline, [r.body for r in recorder.requests]
         time.sleep(0.1)
     assert TOKEN not in server.text() and "Traceback" not in server.text()
+
+
+def test_worker_honours_a_retry_after_longer_than_its_retry_max(tmp_path: Path, recorder: Recorder) -> None:
+    # The worker's own back-off is capped at 0.2 s here (60 s by default); the service asks for 3 s.
+    settings = StreamSettings(batch_wait_ms=20, retry_min_sec=0.1, retry_max_sec=0.2, poll_ms=5)
+    recorder.answer(429, "slow down", Retry_After="3")
+    loaded = make_config(tmp_path, {"hook": webhook(recorder, retries=0)})
+    harness = Harness.build(loaded, "hook", settings)
+    try:
+        harness.append(event(1))
+        harness.drain()
+        assert len(recorder.requests) == 2
+        assert recorder.arrivals[1] - recorder.arrivals[0] >= 2.9
+        assert [a["n"] for a in harness.archived()] == [1] and harness.failed() == []
+    finally:
+        harness.close()

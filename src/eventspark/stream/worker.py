@@ -47,6 +47,8 @@ UNREACHABLE = (TransientError, CoordinationError)
 HELD_EVENTS_FACTOR = 4
 """With a minimum insert interval, a worker holds at most max(min_insert_rows, batch_events) × this
 many events in memory (`StreamSettings.max_held_events`), then inserts without waiting longer."""
+MAX_RETRY_AFTER = 3600.0
+"""The longest wait a destination's `Retry-After` can impose on the worker (seconds)."""
 _INT_SETTINGS = frozenset({"batch_events", "min_insert_rows"})
 
 
@@ -292,7 +294,7 @@ class StreamWorker:
     def _deliver(self, table: str, rows: list[Row]) -> list[str | None]:
         delay = self.settings.retry_min_sec
         decided: dict[int, str | None] = {}
-        pending = list(range(len(rows)))  # positions in `rows` not decided yet
+        pending: list[int] = []  # positions in `rows` not decided yet (once something was decided)
         while True:
             try:
                 errors = self.delivery.deliver(table, rows if not decided else [rows[i] for i in pending])
@@ -300,10 +302,13 @@ class StreamWorker:
             except UNREACHABLE as exc:
                 wait = delay
                 if isinstance(exc, PartlyDelivered):  # retry only the events not decided yet
+                    if not decided:
+                        pending = list(range(len(rows)))
                     for position, error in exc.decided.items():
                         decided[pending[position]] = error
                     pending = [i for i in pending if i not in decided]
-                    wait = min(max(delay, exc.retry_after), self.settings.retry_max_sec)
+                    # The service's Retry-After is honoured even beyond retry_max_sec (up to an hour).
+                    wait = max(delay, min(exc.retry_after, MAX_RETRY_AFTER))
                 log.warning("stream %s/%s: %s; retrying in %.1f s", self.dest_id, table, exc, wait)
             with contextlib.suppress(Exception):
                 self.delivery.adapter.close()  # reconnect from scratch on the next attempt

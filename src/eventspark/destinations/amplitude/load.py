@@ -1,6 +1,10 @@
 """The Amplitude service: `POST <endpoint>/2/httpapi` with `{"api_key": ..., "events": [...]}`,
 each event as it is after the mapping step (as EventNative sent it: the mappings make it an
-Amplitude event, with `event_type` and `user_id` or `device_id`)."""
+Amplitude event, with `event_type` and `user_id` or `device_id`). `insert_id` defaults to the
+event's id (`eventn_ctx.event_id` or `eventn_ctx_event_id`, when the mapped event still has it), so
+that Amplitude drops an event sent again after a stop or a retry. A 400 naming the bad events
+fails those only (the others are sent again); a 400 "Invalid API key" fails the request's events
+without splitting."""
 
 from __future__ import annotations
 
@@ -12,8 +16,9 @@ from urllib.parse import urlsplit
 import orjson
 
 from eventspark.destinations.amplitude.configuration import AmplitudeConfig, AmplitudeDestination
-from eventspark.destinations.http.service import HttpRequest, Refused, Service, chunks
+from eventspark.destinations.http.service import HttpRequest, Refused, Service, Verdict, chunks
 from eventspark.destinations.http.sink import HttpSink
+from eventspark.logs.failed import event_id_of
 
 PUBLIC_URL = "https://api.amplitude.com/2/httpapi"
 API_PATH = "/2/httpapi"
@@ -47,7 +52,40 @@ class Amplitude(Service):
             raise Refused("the event has no event_type (map one with data_layout.mappings)")
         if event.get("user_id") in (None, "") and event.get("device_id") in (None, ""):
             raise Refused("the event has neither user_id nor device_id (map one with data_layout.mappings)")
-        return orjson.dumps(event, option=orjson.OPT_SORT_KEYS)  # as Go marshals a map
+        if event.get("insert_id") in (None, ""):  # Amplitude drops a resent event with the same insert_id
+            event_id = event_id_of(event)
+            if event_id:
+                event = {**event, "insert_id": event_id}
+        try:
+            return orjson.dumps(event, option=orjson.OPT_SORT_KEYS)  # as Go marshals a map
+        except TypeError as exc:  # orjson.JSONEncodeError: nested too deep, a key not a string...
+            raise Refused(f"the event cannot be sent as JSON: {exc}") from None
+
+    def refusal(self, status: int, body: str, count: int) -> Verdict | None:
+        """Amplitude's 400 names the bad events (`events_with_invalid_fields`,
+        `events_with_missing_fields`: field → indices in the request); "Invalid API key" refuses
+        the request itself."""
+        if status != 400:
+            return None
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(answer, dict):
+            return None
+        error = answer.get("error")
+        if (isinstance(error, str) and "api key" in error.lower()) or answer.get("missing_field") == "api_key":
+            return Verdict(whole=True)
+        bad: dict[int, list[str]] = {}
+        for key, what in (("events_with_invalid_fields", "invalid"), ("events_with_missing_fields", "missing")):
+            fields = answer.get(key)
+            if not isinstance(fields, dict):
+                continue
+            for field, indices in fields.items():
+                for index in indices if isinstance(indices, list) else ():
+                    if type(index) is int and 0 <= index < count:
+                        bad.setdefault(index, []).append(f"{what} field {field}")
+        return Verdict(bad={index: ", ".join(why) for index, why in bad.items()}) if bad else None
 
     def requests(self, payloads: Sequence[tuple[int, Any]]) -> Iterable[HttpRequest]:
         head = b'{"api_key":' + orjson.dumps(self.api_key) + b',"events":['

@@ -4,8 +4,11 @@ Each event (after the mapping step, which makes it a Conversions API event) beco
 of the request's `data` array: `action_source` defaults to `website`; `event_time` is the Unix
 second of `_timestamp` (now when missing or unreadable), and `_timestamp` is removed;
 `event_name` is required (a string) and `page`, `pageview`, `app_page` become `PageView`,
-`conversion` `Purchase`, `signup` `CompleteRegistration`; in `user_data`, `ph ge db ln fn ct st zp
-country` are replaced by their SHA-256 (hex) and `em` too when it holds an `@` (not hashed yet);
+`conversion` `Purchase`, `signup` `CompleteRegistration`; in `user_data`, `em ph ge db ln fn ct st
+zp country` are normalised (trimmed, lower-case; `ph` digits only; `ct` without spaces) and
+replaced by their SHA-256 (hex), each element of a list alike, unless already a SHA-256 (64 hex
+digits) (EventNative hashed without normalising, and `em` only when it held an `@`); `event_id`
+defaults to the event's id, so that Facebook drops an event sent again;
 `test_event_code` moves from the event to the request. Events with different test codes go in
 different requests; up to 100 events per request (Facebook takes 1,000).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
 import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -27,6 +31,7 @@ from eventspark.destinations.facebook.configuration import FacebookConfig, Faceb
 from eventspark.destinations.http.config import base_url
 from eventspark.destinations.http.service import HttpRequest, Refused, Service, chunks
 from eventspark.destinations.http.sink import HttpSink
+from eventspark.logs.failed import event_id_of
 from eventspark.steps.gotemplate.gofmt import go_value
 
 PUBLIC_URL = "https://graph.facebook.com"
@@ -38,7 +43,8 @@ EVENT_NAMES = {
     "conversion": "Purchase",
     "signup": "CompleteRegistration",
 }
-HASHED = ("ph", "ge", "db", "ln", "fn", "ct", "st", "zp", "country")
+HASHED = ("em", "ph", "ge", "db", "ln", "fn", "ct", "st", "zp", "country")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def build(dest_id: str, dest: FacebookDestination, events_dir: Path) -> HttpSink:
@@ -68,16 +74,22 @@ class Facebook(Service):
         if not isinstance(name, str):
             raise Refused(f"event_name must be a string, not {type(name).__name__}")
         item["event_name"] = EVENT_NAMES.get(name, name)
+        if item.get("event_id") in (None, ""):  # Facebook deduplicates on event_id (and event_name)
+            event_id = event_id_of(event)
+            if event_id:
+                item["event_id"] = event_id
         user = item.get("user_data")
         if isinstance(user, dict):
             for key in HASHED:
-                if key in user:
-                    user[key] = _sha256(go_value(user[key]))
-            email = user.get("em")
-            if email is not None and "@" in go_value(email):
-                user["em"] = _sha256(go_value(email))
+                if user.get(key) is not None:
+                    value = user[key]
+                    user[key] = [_hashed(key, v) for v in value] if isinstance(value, list) else _hashed(key, value)
         code = item.pop("test_event_code", None)
-        return ("" if code is None else go_value(code)), orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
+        try:
+            data = orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
+        except TypeError as exc:  # orjson.JSONEncodeError: nested too deep, a key not a string...
+            raise Refused(f"the event cannot be sent as JSON: {exc}") from None
+        return ("" if code is None else go_value(code)), data
 
     def requests(self, payloads: Sequence[tuple[int, Any]]) -> Iterable[HttpRequest]:
         groups: dict[str, list[tuple[int, bytes]]] = {}
@@ -99,6 +111,20 @@ def _event_time(value: Any) -> int:
         except ValueError:
             pass
     return int(time.time())
+
+
+def _hashed(key: str, value: Any) -> Any:
+    """A `user_data` value as the Conversions API wants it: normalised (trimmed, lower-case;
+    phone: digits only; city: no spaces), then SHA-256 (hex); a value that already is a SHA-256
+    (64 hex digits) is left as it is."""
+    text = go_value(value).strip().lower()
+    if _SHA256.fullmatch(text):
+        return text
+    if key == "ph":
+        text = "".join(c for c in text if c.isdigit())
+    elif key == "ct":
+        text = "".join(text.split())
+    return _sha256(text)
 
 
 def _sha256(text: str) -> str:

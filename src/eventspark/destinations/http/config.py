@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, field_validator
@@ -21,7 +23,8 @@ class HttpBlock(Section):
     """Base URL of the service (`https://host[:port][/prefix]`), replacing the public one: a
     proxy, a regional endpoint, a test server. None: the service's public URL."""
     timeout_sec: float = Field(default=10.0, gt=0, le=300)
-    """Longest wait for one request (connecting, sending, the whole answer)."""
+    """Deadline of one attempt: connecting, then (once connected) sending and reading the whole
+    answer, however slowly it trickles. Name resolution (DNS) is the system resolver's."""
     concurrency: int = Field(default=4, ge=1, le=64)
     """Requests in flight at once, per destination."""
     retries: int = Field(default=2, ge=0, le=10)
@@ -31,7 +34,12 @@ class HttpBlock(Section):
     """First back-off between retries; doubled after each."""
     retry_max_sec: float = Field(default=5.0, ge=0, le=300)
     """Longest back-off between two retries of a request (a longer `Retry-After` is left to the
-    worker, which waits that long before sending the events again)."""
+    worker, which waits that long, up to an hour, before sending the events again)."""
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        # Only declared fields: an unknown key (a misspelt `api_secert`...) may hold a secret.
+        declared = type(self).model_fields
+        return [(name, value) for name, value in super().__repr_args__() if name in declared]
 
     @field_validator("endpoint")
     @classmethod
@@ -43,6 +51,10 @@ class HttpBlock(Section):
             raise ValueError("endpoint must be an http:// or https:// URL")
         if parts.query or parts.fragment:
             raise ValueError("endpoint must not have a query or a fragment")
+        try:
+            parts.port  # noqa: B018 (raises when out of range)
+        except ValueError:
+            raise ValueError("endpoint: the port is not valid") from None
         return value.rstrip("/")
 
 

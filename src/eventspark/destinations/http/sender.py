@@ -1,18 +1,19 @@
-"""One request on the wire: the standard library's `urllib`, a timeout per attempt, retries with
-exponential back-off on 429, 5xx and connection errors, respecting `Retry-After`."""
+"""One request on the wire: the standard library's `http.client`, a deadline per attempt, retries
+with exponential back-off on 429, 5xx and connection errors, respecting `Retry-After`."""
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import http.client
 import logging
+import math
 import socket
 import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -26,6 +27,8 @@ MAX_REASON_CHARS = 500
 MAX_READ_BYTES = 64 * 1024
 """The most of an answer read (only the reason matters)."""
 USER_AGENT = "eventspark"
+MAX_RETRY_AFTER = 3600.0
+"""The longest `Retry-After` honoured (seconds): a longer or absurd one counts as this."""
 
 Kind = Literal["delivered", "refused", "transient"]
 
@@ -39,14 +42,9 @@ class Result:
     reason: str = ""
     retry_after: float = 0.0
     status: int = 0
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer like any other (refused): following it could send the body and
-    its secrets to another host."""
-
-    def redirect_request(self, *args: object, **kwargs: object) -> None:
-        return None
+    body: str = ""
+    """The refusal's body as received (up to `MAX_READ_BYTES`), for the service to read: never
+    logged nor recorded as it is (it may echo secrets)."""
 
 
 class Sender:
@@ -56,11 +54,15 @@ class Sender:
         self.service_name = service_name
         self.block = block
         self.redact = redact
-        self._opener = urllib.request.build_opener(_NoRedirect())
         self._closing = threading.Event()
 
+    @property
+    def closing(self) -> bool:
+        return self._closing.is_set()
+
     def close(self) -> None:
-        """Cuts waits between retries short (the request in flight ends with its timeout)."""
+        """Cuts waits between retries short, and requests not started yet end at once (transient:
+        their events stay queued); the request in flight ends with its deadline."""
         self._closing.set()
 
     def reopen(self) -> None:
@@ -68,6 +70,8 @@ class Sender:
 
     def send(self, request: HttpRequest) -> Result:
         """The request, retried up to `retries` times while the answer is transient."""
+        if self._closing.is_set():
+            return STOPPING
         block = self.block
         delay = block.retry_min_sec
         result = self.attempt(request)
@@ -86,39 +90,91 @@ class Sender:
 
     def attempt(self, request: HttpRequest) -> Result:
         """One attempt, classified: 2xx delivered; 429, 408, 5xx and connection errors transient;
-        anything else refused with the answer's status, reason phrase and body."""
-        headers = {"User-Agent": USER_AGENT, **request.headers}
-        wire = urllib.request.Request(request.url, data=request.body, headers=headers, method=request.method)
+        anything else (3xx included: redirects are not followed) refused with the answer's
+        status, reason phrase and body. `timeout_sec` bounds the whole attempt once connected
+        (sending, waiting, reading the answer): a watchdog shuts the socket down at the deadline;
+        connecting is bounded by `timeout_sec` too, name resolution by the system's resolver."""
         try:
-            with self._opener.open(wire, timeout=self.block.timeout_sec) as response:
-                response.read(MAX_READ_BYTES)
+            parts = urlsplit(request.url)
+            port = parts.port
+        except ValueError:  # an IPv6 address not closed, a port out of range...
+            return Result("refused", f"{self.service_name}: cannot send the request: the URL is not valid")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return Result("refused", f"{self.service_name}: cannot send the request: not an http(s) URL")
+        where = _host(request.url)
+        timeout = self.block.timeout_sec
+        connection: http.client.HTTPConnection
+        if parts.scheme == "https":
+            connection = http.client.HTTPSConnection(parts.hostname, port, timeout=timeout, context=_tls())
+        else:
+            connection = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
+        expired = threading.Event()
+
+        def cut() -> None:
+            expired.set()
+            sock = connection.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        watchdog = threading.Timer(timeout, cut)
+        watchdog.daemon = True
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        headers = {"User-Agent": USER_AGENT, **request.headers}
+        watchdog.start()
+        try:
+            connection.connect()
+            if expired.is_set():
+                raise TimeoutError
+            connection.request(request.method, target, body=request.body, headers=headers)
+            response = connection.getresponse()
+            body = _read(response)
+            if expired.is_set():
+                raise TimeoutError
+            if 200 <= response.status <= 299:
                 return Result("delivered", status=response.status)
-        except urllib.error.HTTPError as exc:
-            with exc:
-                return self._answer(exc.code, exc.reason, exc.headers.get("Retry-After"), _body(exc))
-        except http.client.InvalidURL as exc:  # the same every time: not worth retrying
-            return Result("refused", self.redact(f"{self.service_name}: cannot send the request: {exc}"))
-        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-            return Result("transient", self.redact(f"{self.service_name} {_host(request.url)}: {_why(exc)}"))
-        except ValueError as exc:  # a URL or header urllib cannot send: the same every time
-            return Result("refused", self.redact(f"{self.service_name}: cannot send the request: {exc}"))
+            return self._answer(response.status, response.reason, response.getheader("Retry-After"), body)
+        except http.client.InvalidURL:  # the same every time: not worth retrying
+            return Result("refused", f"{self.service_name}: cannot send the request: the URL is not valid")
+        except (http.client.HTTPException, OSError) as exc:
+            why = "timed out" if expired.is_set() else _why(exc)
+            return Result("transient", self.redact(f"{self.service_name} {where}: {why}"))
+        except ValueError as exc:  # a header http.client cannot send: the same every time
+            # Not the exception's text: it quotes the header's value, which may hold a secret.
+            what = "a header is not Latin-1" if isinstance(exc, UnicodeError) else "a header is not valid"
+            return Result("refused", f"{self.service_name}: cannot send the request: {what}")
+        finally:
+            watchdog.cancel()
+            connection.close()
 
     def _answer(self, status: int, phrase: object, retry_after: str | None, body: str) -> Result:
-        text = f"{self.service_name} answered HTTP {status} {phrase or ''}".rstrip()
+        # The status is never redacted (a short secret must not turn "401" into "4***").
+        text = f"{self.service_name} answered HTTP {status}"
+        extra = f"{phrase or ''}".strip()
         if body:
-            text += f": {body}"
-        reason = self.redact(text)
+            extra += f": {_cut(body)}"
+        reason = f"{text} {self.redact(extra)}".rstrip()
         if status == 429 or status == 408 or 500 <= status <= 599:
             return Result("transient", reason, _retry_after(retry_after), status)
-        return Result("refused", reason, status=status)
+        return Result("refused", reason, status=status, body=body)
 
 
-def _body(error: urllib.error.HTTPError) -> str:
+STOPPING = Result("transient", "the worker is stopping: not sent")
+
+
+def _tls() -> ssl.SSLContext:
+    return ssl.create_default_context()
+
+
+def _read(response: http.client.HTTPResponse) -> str:
     try:
-        raw = error.read(MAX_READ_BYTES)
+        raw = response.read(MAX_READ_BYTES)
     except (OSError, http.client.HTTPException):
         return ""
-    text = raw.decode("utf-8", "replace").strip()
+    return raw.decode("utf-8", "replace").strip()
+
+
+def _cut(text: str) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS] + "..."
 
 
@@ -139,8 +195,12 @@ def _why(exc: BaseException) -> str:
 
 def _host(url: str) -> str:
     """Where a request went, without the path and query (which may carry secrets)."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "(a URL not valid)"
+    return f"{parts.scheme}://{parts.hostname}{f':{port}' if port else ''}"
 
 
 def _retry_after(value: str | None) -> float:
@@ -149,11 +209,15 @@ def _retry_after(value: str | None) -> float:
         return 0.0
     value = value.strip()
     try:
-        return max(0.0, min(float(value), 3600.0))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, min(seconds, MAX_RETRY_AFTER)) if math.isfinite(seconds) else 0.0
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return 0.0
-    return max(0.0, min(when.timestamp() - time.time(), 3600.0))
+    if when.tzinfo is None:  # "-0000": UTC, by RFC 5322
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, min(when.timestamp() - time.time(), MAX_RETRY_AFTER))

@@ -23,6 +23,16 @@ class HttpRequest:
         return f"HttpRequest({self.method}, {len(self.events)} events, {len(self.body or b'')} bytes)"
 
 
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a service reads in a refusal of a batched request: `bad` names the refused events
+    (index in the request → why; the others are sent again), `whole` says the request itself is
+    refused (a bad key...): every event of it fails, without splitting."""
+
+    bad: Mapping[int, str] = field(default_factory=dict)
+    whole: bool = False
+
+
 class Refused(ValueError):
     """`Service.payload` refuses one event (it goes to failed/ with this reason)."""
 
@@ -44,6 +54,11 @@ class Service(ABC):
         """The event as this service takes it; `Refused` (the reason) when it cannot be sent.
         `event` belongs to the caller: copy before changing it."""
 
+    def refusal(self, status: int, body: str, count: int) -> Verdict | None:
+        """What a refusal (`status`, `body`) of a request of `count` events says; None: nothing
+        more than its status (the sink splits 400, 413 and 422, fails the rest)."""
+        return None
+
     @abstractmethod
     def requests(self, payloads: Sequence[tuple[int, Any]]) -> Iterable[HttpRequest]:
         """Requests for `payloads` (position, payload): each position in exactly one request."""
@@ -60,7 +75,7 @@ class Redactor:
     def __init__(self, secrets: Iterable[str]) -> None:
         forms = set()
         for secret in secrets:
-            if secret and len(secret) >= 4:  # shorter would redact ordinary words
+            if secret:
                 forms.update({secret, quote(secret, safe=""), quote(secret)})
         self._forms = sorted(forms, key=len, reverse=True)
 

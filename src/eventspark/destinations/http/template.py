@@ -4,6 +4,7 @@ template's size), with bounds on the source and on what one event may make of it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from eventspark.steps.gotemplate.compiler import Part, compile_parts
@@ -25,25 +26,29 @@ class TextTemplate:
         self.max_chars = max_chars
         parts = compile_parts(source)
         self._constant: str | None = None
-        self._parts: tuple[Part, ...] = ()
+        self._parts: tuple[tuple[bool, Part], ...] = ()
         if all(isinstance(part, str) for part in parts):
             self._constant = "".join(parts)  # type: ignore[arg-type]
         else:
-            self._parts = tuple(_callable(part) for part in parts)
+            self._parts = tuple((isinstance(part, str), _callable(part)) for part in parts)
 
     @property
     def constant(self) -> str | None:
         """The output when the template has no actions, else None."""
         return self._constant
 
-    def render(self, event: dict[str, Any]) -> str:
-        """The template's output for `event`; TemplateEvalError when it fails or is too long."""
+    def render(self, event: dict[str, Any], escape: Callable[[str], str] | None = None) -> str:
+        """The template's output for `event`; TemplateEvalError when it fails or is too long.
+        `escape` applies to what each action outputs (the event's values), not to the
+        template's own text."""
         if self._constant is not None:
             return self._constant
         out: list[str] = []
         size = 0
-        for part in self._parts:
+        for literal, part in self._parts:
             text = part(event)
+            if escape is not None and not literal:
+                text = escape(text)
             size += len(text)
             if size > self.max_chars:
                 raise TemplateEvalError(f"output longer than {self.max_chars} characters")

@@ -8,6 +8,7 @@ often carry tokens, and never show in a repr, a log line or an error.
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 
@@ -24,7 +25,9 @@ MAX_BODY_CHARS = 1024 * 1024
 
 class WebhookConfig(HttpBlock):
     url: SecretStr
-    """Template of the request's URL (`http://` or `https://`)."""
+    """Template of the request's URL (`http://` or `https://`): scheme, host and port written
+    out; the event's values substituted in the path and query are percent-encoded. A
+    `user:password@` before the host becomes a Basic `Authorization` header."""
     method: str = "POST"
     """GET, POST, PUT, PATCH or DELETE."""
     body: str | None = None
@@ -43,10 +46,12 @@ class WebhookConfig(HttpBlock):
     @field_validator("url")
     @classmethod
     def _url(cls, value: SecretStr) -> SecretStr:
-        if not value.get_secret_value().strip():
+        source = value.get_secret_value().strip()
+        if not source:
             raise ValueError("url is required")
-        _check_template("url", value.get_secret_value(), MAX_URL_CHARS)
-        return value
+        _check_template("url", source, MAX_URL_CHARS)
+        origin(source)
+        return SecretStr(source)
 
     @field_validator("body")
     @classmethod
@@ -64,6 +69,28 @@ class WebhookConfig(HttpBlock):
                 raise ValueError(f"header name {name!r} is not valid")
             _check_template(f"header {name}", template.get_secret_value(), MAX_HEADER_CHARS)
         return value
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """The scheme, host and port of the url template, which must be literal text (no `{{` up to
+    the first `/`, `?` or `#` after `//`): an event's values can then never send the request (and
+    its headers) to another host or port. ValueError (without the URL) when it is not."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        raise ValueError("url must start with http:// or https://")
+    authority = rest
+    for stop in "/?#":
+        authority = authority.split(stop, 1)[0]
+    if "{{" in authority or "{{" in scheme:
+        raise ValueError("url: the scheme, host and port must be written out, not templates")
+    parts = urlsplit(f"{scheme}://{authority}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError("url: the port is not valid") from None
+    if not parts.hostname:
+        raise ValueError("url has no host")
+    return scheme.lower(), parts.hostname, port
 
 
 def _check_template(what: str, source: str, max_chars: int) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import orjson
 
@@ -18,6 +19,7 @@ from eventspark.destinations.webhook.configuration import (
     MAX_URL_CHARS,
     WebhookConfig,
     WebhookDestination,
+    origin,
 )
 from eventspark.steps.gotemplate.errors import TemplateEvalError
 
@@ -25,6 +27,25 @@ _BODYLESS = frozenset({"GET", "DELETE"})
 _URL_SAFE = ":/?#[]@!$&'()*+,;=%~"
 _TOKEN_LIKE = 16
 """URL path segments at least this long are treated as secrets (hooks.slack.com/services/...)."""
+
+
+def _escape(value: str) -> str:
+    """An event's value in the URL: every reserved character encoded (`/ ? # & = @ :`...), so
+    that it stays one value of one path segment or query parameter."""
+    return quote(value, safe="")
+
+
+def _split_credentials(url: str) -> tuple[str, tuple[str, ...]]:
+    """The url without `user:password@`, and (user, password) decoded; () when it had none.
+    The authority is literal text (`origin` checked it)."""
+    scheme, _, rest = url.partition("://")
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    if "@" not in authority:
+        return url, ()
+    userinfo, _, host = authority.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    return f"{scheme}://{host}{tail}", (unquote(user), unquote(password))
 
 
 def build(dest_id: str, dest: WebhookDestination, events_dir: Path) -> HttpSink:
@@ -37,11 +58,16 @@ class Webhook(Service):
     def __init__(self, config: WebhookConfig) -> None:
         self.config = config
         self.method = config.method
-        self.url = TextTemplate(config.url.get_secret_value(), MAX_URL_CHARS)
+        source, self.credentials = _split_credentials(config.url.get_secret_value())
+        self.origin = origin(source)
+        self.url = TextTemplate(source, MAX_URL_CHARS)
         self.body = None if config.body is None else TextTemplate(config.body, MAX_BODY_CHARS)
         self.headers = {
             name: TextTemplate(value.get_secret_value(), MAX_HEADER_CHARS) for name, value in config.headers.items()
         }
+        if self.credentials and not any(name.lower() == "authorization" for name in self.headers):
+            token = base64.b64encode(":".join(self.credentials).encode()).decode()
+            self.headers["Authorization"] = TextTemplate(f"Basic {token}", 1024)
         if not any(name.lower() == "content-type" for name in self.headers) and self.method not in _BODYLESS:
             self.headers["Content-Type"] = TextTemplate("application/json", 64)
         self.endpoint = urlsplit(config.endpoint) if config.endpoint else None
@@ -49,16 +75,18 @@ class Webhook(Service):
     def secrets(self) -> Iterable[str]:
         """Header values, and the URL's password, query values and token-like path segments."""
         found = [value.get_secret_value() for value in self.config.headers.values()]
+        found += [value for value in self.credentials if value]
+        auth = self.headers.get("Authorization")
+        if auth is not None and auth.constant:
+            found += [auth.constant, auth.constant.split(" ", 1)[-1]]
         url = urlsplit(self.config.url.get_secret_value())
-        if url.password:
-            found.append(url.password)
         found += [value for _, value in parse_qsl(url.query) if "{{" not in value]
         found += [part for part in url.path.split("/") if len(part) >= _TOKEN_LIKE and "{{" not in part]
         return found
 
     def payload(self, event: dict[str, Any]) -> HttpRequest:
         try:
-            url = self.url.render(event).strip()
+            url = self.url.render(event, _escape).strip()
             headers = {name: template.render(event) for name, template in self.headers.items()}
             if self.body is not None:
                 body: bytes | None = self.body.render(event).encode("utf-8")
@@ -78,12 +106,16 @@ class Webhook(Service):
     def _target(self, url: str) -> str:
         if any(c in url for c in "\r\n\t\0"):
             raise Refused("url template made a URL with control characters")
-        # Characters a URL cannot hold as they are (spaces, non-ASCII from event values) are
-        # percent-encoded; what is already encoded, and URL punctuation, stays as it is.
+        # The event's values were percent-encoded whole (`_escape`); the template's own text keeps
+        # its URL punctuation, and what it cannot hold as it is (spaces...) is encoded here.
         url = quote(url, safe=_URL_SAFE)
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise Refused("url template did not make an http:// or https:// URL")
+        try:
+            where = (parts.scheme.lower(), parts.hostname, parts.port)
+        except ValueError:
+            where = None
+        if where != self.origin:  # cannot happen with escaped values: a last guard all the same
+            raise Refused("url template made a URL to another host or port than the one written in it")
         if self.endpoint is None:
             return url
         base = self.endpoint
