@@ -9,7 +9,6 @@ its repr, and error messages carry the API's text only.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -26,10 +25,11 @@ import requests
 from google.api_core import exceptions as api_errors
 from google.api_core.client_options import ClientOptions
 from google.auth import exceptions as auth_errors
-from google.auth.credentials import AnonymousCredentials, Credentials
+from google.auth.credentials import Credentials
 from google.cloud import bigquery
 from google.cloud.bigquery.retry import DEFAULT_RETRY
 
+from eventspark.destinations import google_auth
 from eventspark.destinations.base import DestinationError, StagedChunk, TerminalError, TransientError
 from eventspark.destinations.bigquery.dialect import field_type
 from eventspark.steps.typing import DataType
@@ -70,22 +70,8 @@ class GoogleSettings:
     """Where a missing dataset is created (`google.bq_location`); empty: BigQuery's default (US)."""
 
     def credentials(self, endpoint: str) -> Credentials | None:
-        """Service-account credentials from the key; without one, anonymous credentials for an
-        endpoint override (an emulator) unless GOOGLE_APPLICATION_CREDENTIALS names a key file;
-        None (the library's default credentials) otherwise."""
-        from google.oauth2 import service_account
-
-        try:
-            if self.key_info is not None:
-                return service_account.Credentials.from_service_account_info(dict(self.key_info), scopes=SCOPES)
-            if self.key_path:
-                return service_account.Credentials.from_service_account_file(self.key_path, scopes=SCOPES)
-        except (ValueError, KeyError, OSError) as exc:
-            # Messages name missing fields or the path, never the key's content.
-            raise TerminalError(f"bigquery: reading the service account key: {type(exc).__name__}: {exc}") from exc
-        if endpoint and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
-            return AnonymousCredentials()  # type: ignore[no-untyped-call]
-        return None
+        creds: Credentials | None = google_auth.credentials(self.key_path, self.key_info, endpoint, SCOPES, "bigquery")
+        return creds
 
     def bigquery(self) -> bigquery.Client:
         credentials = self.credentials(self.bq_endpoint)
@@ -107,15 +93,7 @@ class GoogleSettings:
 
 def key_of(key_file: str | Mapping[str, Any]) -> tuple[str, Mapping[str, Any] | None]:
     """EventNative's `key_file`: (a path, None) or ('', the key's JSON object)."""
-    if isinstance(key_file, Mapping):
-        return "", dict(key_file)
-    text = key_file.strip()
-    if text.startswith("{"):
-        try:
-            return "", dict(json.loads(text))
-        except ValueError as exc:
-            raise TerminalError("bigquery: google.key_file holds text that is not a JSON object") from exc
-    return text, None
+    return google_auth.key_of(key_file, "bigquery")
 
 
 # --- errors ---------------------------------------------------------------------------------------

@@ -3,8 +3,6 @@ translated where they happen."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -14,10 +12,11 @@ import requests
 from google.api_core import exceptions as api_errors
 from google.api_core.retry import Retry
 from google.auth import exceptions as auth_errors
-from google.auth.credentials import AnonymousCredentials, Credentials
+from google.auth.credentials import Credentials
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 
+from eventspark.destinations import google_auth
 from eventspark.destinations.base import TerminalError, TransientError
 
 SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
@@ -45,35 +44,15 @@ class GcsSettings:
         return GcsStore(self)
 
     def credentials(self) -> Credentials | None:
-        """Service-account credentials from the key; without one, anonymous credentials for an
-        endpoint override (an emulator) unless GOOGLE_APPLICATION_CREDENTIALS names a key file;
-        None (the library's default credentials) otherwise."""
-        from google.oauth2 import service_account
-
-        try:
-            if self.key_info is not None:
-                return service_account.Credentials.from_service_account_info(dict(self.key_info), scopes=SCOPES)
-            if self.key_path:
-                return service_account.Credentials.from_service_account_file(self.key_path, scopes=SCOPES)
-        except (ValueError, KeyError, OSError) as exc:
-            # Messages name missing fields or the path, never the key's content.
-            raise TerminalError(f"gcs: reading the service account key: {type(exc).__name__}: {exc}") from exc
-        if self.endpoint and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
-            return AnonymousCredentials()  # type: ignore[no-untyped-call]
-        return None
+        creds: Credentials | None = google_auth.credentials(
+            self.key_path, self.key_info, self.endpoint, SCOPES, self.service
+        )
+        return creds
 
 
 def key_of(key_file: str | Mapping[str, Any]) -> tuple[str, Mapping[str, Any] | None]:
     """EventNative's `key_file`: (a path, None) or ('', the key's JSON object)."""
-    if isinstance(key_file, Mapping):
-        return "", dict(key_file)
-    text = key_file.strip()
-    if text.startswith("{"):
-        try:
-            return "", dict(json.loads(text))
-        except ValueError as exc:
-            raise TerminalError("gcs: google.key_file holds text that is not a JSON object") from exc
-    return text, None
+    return google_auth.key_of(key_file, "gcs")
 
 
 class GcsStore:

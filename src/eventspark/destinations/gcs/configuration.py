@@ -7,11 +7,12 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from eventspark.config.base import DestinationBase, Section
-from eventspark.destinations.files.naming import check_endpoint, check_folder, clean_folder
+from eventspark.config.base import DestinationBase
+from eventspark.destinations.files.configuration import FilesOptions
+from eventspark.destinations.files.naming import check_endpoint, clean_folder
 
 
-class GcsConfig(Section):
+class GcsConfig(FilesOptions):
     gcs_bucket: str
     key_file: str | dict[str, Any] = Field(default="", repr=False)
     """A service account key: a file path, its JSON text, or the JSON object itself. Empty: the
@@ -19,21 +20,11 @@ class GcsConfig(Section):
     except anonymous ones for a `gcs_endpoint` when GOOGLE_APPLICATION_CREDENTIALS is unset."""
     gcs_endpoint: str = ""
     """Base URL of the Cloud Storage API (a private endpoint or an emulator); empty: Google's."""
-    folder: str = ""
-    """Prefix of every object (slashes around it are ignored)."""
-    format: Literal["json", "flat_json", "csv", "parquet"] = "json"
-    compression: Literal["", "gzip"] = ""
-    """`gzip`: json, flat_json and csv objects gzipped (`.gz`); Parquet uses its GZIP codec."""
 
     @field_validator("gcs_endpoint")
     @classmethod
     def _endpoint_is_a_url(cls, value: str) -> str:
         return check_endpoint(value)
-
-    @field_validator("folder")
-    @classmethod
-    def _folder_fits(cls, value: str) -> str:
-        return check_folder(value)
 
 
 class GcsDestination(DestinationBase):

@@ -6,11 +6,12 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from eventspark.config.base import DestinationBase, Section
-from eventspark.destinations.files.naming import check_endpoint, check_folder, clean_folder
+from eventspark.config.base import DestinationBase
+from eventspark.destinations.files.configuration import FilesOptions
+from eventspark.destinations.files.naming import check_endpoint, clean_folder
 
 
-class S3Config(Section):
+class S3Config(FilesOptions):
     access_key_id: str = Field(default="", repr=False)
     """With `secret_access_key`; both empty: boto3's default credentials (environment, profile,
     instance role)."""
@@ -20,21 +21,11 @@ class S3Config(Section):
     """Empty: boto3's default region (`AWS_REGION`, the profile), else us-east-1."""
     endpoint: str = ""
     """Base URL of an S3-compatible service (MinIO, DigitalOcean Spaces, a test server); empty: AWS."""
-    folder: str = ""
-    """Prefix of every object (slashes around it are ignored)."""
-    format: Literal["json", "flat_json", "csv", "parquet"] = "json"
-    compression: Literal["", "gzip"] = ""
-    """`gzip`: json, flat_json and csv objects gzipped (`.gz`); Parquet uses its GZIP codec."""
 
     @field_validator("endpoint")
     @classmethod
     def _endpoint_is_a_url(cls, value: str) -> str:
         return check_endpoint(value)
-
-    @field_validator("folder")
-    @classmethod
-    def _folder_fits(cls, value: str) -> str:
-        return check_folder(value)
 
 
 class S3Destination(DestinationBase):

@@ -341,19 +341,16 @@ def s3_client(location: StageLocation) -> Any:
 
 
 def gcs_bucket(location: StageLocation) -> Any:
-    """The google-cloud-storage bucket (anonymous with an endpoint and no key)."""
+    """The google-cloud-storage bucket, with the credentials every Google destination reads
+    (`destinations.google_auth`: anonymous with an endpoint and no key)."""
     from google.cloud import storage
 
-    options = {"api_endpoint": location.gcs_endpoint} if location.gcs_endpoint else None
-    key = location.gcs_key
-    if key.lstrip().startswith("{"):
-        client = storage.Client.from_service_account_info(orjson.loads(key), client_options=options)
-    elif key:
-        client = storage.Client.from_service_account_json(key, client_options=options)
-    elif location.gcs_endpoint:
-        from google.auth.credentials import AnonymousCredentials
+    from eventspark.destinations import google_auth
 
-        client = storage.Client(project="eventspark", credentials=AnonymousCredentials(), client_options=options)
-    else:
-        client = storage.Client(client_options=options)
+    options = {"api_endpoint": location.gcs_endpoint} if location.gcs_endpoint else None
+    path, info = google_auth.key_of(location.gcs_key, "snowflake")
+    scopes = ("https://www.googleapis.com/auth/devstorage.read_write",)
+    credentials = google_auth.credentials(path, info, location.gcs_endpoint, scopes, "snowflake")
+    project = getattr(credentials, "project_id", None) or ("eventspark" if location.gcs_endpoint else None)
+    client = storage.Client(project=project, credentials=credentials, client_options=options)
     return client.bucket(location.bucket)
