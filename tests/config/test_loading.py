@@ -339,3 +339,18 @@ def test_primary_keys_of_a_destination_that_never_replaces_events_are_reported(t
     )
     warnings = load_config(write(tmp_path, text), env={}).warnings
     assert warnings == ["destinations.hook.data_layout.primary_key_fields: webhook never replaces events"]
+
+
+def test_without_a_mode_a_type_with_one_mode_runs_in_it(tmp_path: Path) -> None:
+    text = (
+        "destinations:\n"
+        "  hook: {type: webhook, webhook: {url: 'http://example.com/e'}}\n"
+        "  lake: {type: s3, s3: {bucket: lake}}\n"
+        "  pg: {type: postgres, datasource: {db: a}}\n"
+        "  sent: {type: webhook, mode: batch, webhook: {url: 'http://example.com/e'}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"type 'webhook' does not support mode 'batch'"):
+        load_config(write(tmp_path, text), env={})
+    loaded = load_config(write(tmp_path, text.rsplit("  sent:", 1)[0]), env={})
+    modes = {dest_id: dest.mode for dest_id, dest in loaded.config.destinations.items()}
+    assert modes == {"hook": "stream", "lake": "batch", "pg": "batch"}

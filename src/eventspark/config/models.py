@@ -126,9 +126,12 @@ class GeoConfig(Section):
 def _registered_type(raw: Any) -> Any:
     """Refuses a type or a type×mode the registry does not have, naming what it supports (before
     the union, whose own error for an unknown tag does not say "not supported yet"), and reads
-    the newer spelling of the type's block, `config:`."""
+    the newer spelling of the type's block, `config:`. Without `mode`, a type that has one mode
+    only (the HTTP services: stream; files: batch) runs in it."""
     if isinstance(raw, dict) and isinstance(raw.get("type"), str):
         entry = destination_type(raw["type"])
+        if "mode" not in raw and len(entry.capabilities.modes) == 1:
+            raw = {**raw, "mode": next(iter(entry.capabilities.modes))}
         mode = raw.get("mode", "batch")
         if mode in ("batch", "stream"):  # anything else: pydantic names the bad value
             check_mode(raw["type"], mode)
