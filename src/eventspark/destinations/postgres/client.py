@@ -4,7 +4,7 @@ copy executors stage chunks with (binary COPY into UNLOGGED tables)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -63,17 +63,22 @@ class PostgresClient:
             # SET, not `options`, which would replace the user's `parameters: {options: ...}`.)
             self.conn.execute("SET standard_conforming_strings = on")
 
+    @staticmethod
+    def errors(doing: str) -> AbstractContextManager[None]:
+        """How this client classifies the driver's errors (Redshift adds its own)."""
+        return translated_errors(doing)
+
     def execute(self, statement: str, doing: str, params: Sequence[Any] | None = None) -> None:
-        with translated_errors(doing):
+        with self.errors(doing):
             self.conn.execute(statement.encode(), params)
 
     def rows(self, statement: str, doing: str, params: Any = None) -> list[tuple[Any, ...]]:
-        with translated_errors(doing):
+        with self.errors(doing):
             return self.conn.execute(statement.encode(), params).fetchall()
 
     @contextmanager
     def transaction(self, doing: str) -> Iterator[None]:
-        with translated_errors(doing), self.conn.transaction():
+        with self.errors(doing), self.conn.transaction():
             self.conn.execute("SET LOCAL TimeZone = 'UTC'")
             yield
 

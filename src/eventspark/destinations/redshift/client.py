@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, ClassVar
@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import psycopg
 
 from eventspark.destinations.base import ORDER_COLUMN, StagedChunk, TerminalError, TransientError
-from eventspark.destinations.postgres.client import datasource_conninfo
+from eventspark.destinations.postgres.client import PostgresClient, datasource_conninfo
 from eventspark.destinations.redshift.configuration import RedshiftDestination
 from eventspark.destinations.redshift.dialect import DIALECT, STAGE_TEXT
 from eventspark.destinations.sql.stages import new_stage_table
@@ -97,8 +97,9 @@ def _message(exc: psycopg.Error) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-class RedshiftClient:
-    """One autocommit connection in UTC; `transaction` groups statements."""
+class RedshiftClient(PostgresClient):
+    """One autocommit connection in UTC (set once: the session's time zone); `transaction` groups
+    statements. Statements and rows as Postgres's client, with Redshift's error classes."""
 
     def __init__(self, conninfo: str) -> None:
         with translated_errors("connecting"):
@@ -111,21 +112,14 @@ class RedshiftClient:
         (PostgreSQL: 63) truncates longer ones silently, at a character boundary."""
         return cut_to_bytes(name, self.name_limit)
 
-    def execute(self, statement: str, doing: str, params: Sequence[Any] | None = None) -> None:
-        with translated_errors(doing):
-            self.conn.execute(statement.encode(), params)
-
-    def rows(self, statement: str, doing: str, params: Any = None) -> list[tuple[Any, ...]]:
-        with translated_errors(doing):
-            return self.conn.execute(statement.encode(), params).fetchall()
+    @staticmethod
+    def errors(doing: str) -> AbstractContextManager[None]:
+        return translated_errors(doing)
 
     @contextmanager
     def transaction(self, doing: str) -> Iterator[None]:
-        with translated_errors(doing), self.conn.transaction():
+        with self.errors(doing), self.conn.transaction():
             yield
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 # --- staged values --------------------------------------------------------------------------------
