@@ -191,7 +191,7 @@ def test_unexpected_errors_are_500_json(tmp_path: Path, monkeypatch: pytest.Monk
 def test_origin_echo_follows_each_tokens_rules_past_the_answer_cache(tmp_path: Path) -> None:
     # JS answers are cached by token and origin; the cache must never let one token's
     # allowed origin through for another token, nor grow without bound.
-    from eventspark.collector import routes
+    from eventspark.collector.api import events as routes
 
     keys = [
         {"id": "open", "client_secret": "js-open", "server_secret": "s-open"},

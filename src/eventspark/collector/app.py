@@ -1,26 +1,18 @@
-"""The collector as an ASGI application.
+"""The collector as an ASGI application: a `Collector` that routes requests to the handlers.
 
 `CollectorApp(config)` does no I/O; `open()` (run by the ASGI lifespan startup) creates the
 directories and starts group commit, `close()` (lifespan shutdown, idempotent) rotates what was
-written and closes every file. Between the two, every accepted request's lines have been
-handed to the OS with `os.write` (and fsynced with `server.fsync`) before its 200 is sent.
+written and closes every file (see `eventspark.collector.core`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from time import perf_counter
-from typing import Any
-
-import orjson
 
 from eventspark.collector import routes
-from eventspark.collector.auth import Token, TokenTable
-from eventspark.collector.group_commit import GroupCommit
+from eventspark.collector.core import Collector
 from eventspark.collector.http import (
     ClientDisconnected,
     HTTPError,
@@ -29,88 +21,19 @@ from eventspark.collector.http import (
     Response,
     Scope,
     Send,
-    sender,
 )
-from eventspark.collector.metrics import CollectorMetrics
-from eventspark.collector.multiplex import Route, build_routes
-from eventspark.collector.proxies import TrustedProxies
 from eventspark.config.models import Config
-from eventspark.logs.incoming import IncomingLogs
-from eventspark.steps.context import enrich_context, utc_timestamp
-from eventspark.stream.queue import queue_dir
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SERVER_NAME = "unnamed-server"
-_DUMPS_OPTION = orjson.OPT_APPEND_NEWLINE
 
-
-class CollectorApp:
-    """The EventNative API over this process's incoming logs and stream queues (see module doc)."""
+class CollectorApp(Collector):
+    """The EventNative API over this process's incoming logs and stream queues."""
 
     def __init__(
         self, config: Config, worker: int | None = None, instances: Callable[[], list[str]] | None = None
     ) -> None:
-        self.config = config
-        self.server_name = config.server.name or DEFAULT_SERVER_NAME
-        self.instances = instances or (lambda: [])
-        """Live nodes of the cluster (the coordination store's heartbeats)."""
-        self.max_event_size = config.server.max_event_size
-        self.admin_token = config.server.admin_token
-        self.tokens = TokenTable(config.api_keys)
-        self.proxies = TrustedProxies(config.server.trusted_proxies)
-        self._plain_queries = self.tokens.by_plain_query
-        self.log_path = Path(config.log.path)
-        self.logs = IncomingLogs(self.log_path / "incoming", worker, fsync=config.server.fsync)
-        self.routes, self.spools = build_routes(config, self.tokens.tokens, self.logs, worker)
-        self._routable = {token_id: route for token_id, route in self.routes.items() if route.has_destination}
-        self.metrics = CollectorMetrics(self.routes, _endpoint_names())
-        self.metrics.watch_queues(self.routes.values())
-        # The dicts `metrics` renders, bound here for the hot path.
-        self.accepted, self.latency = self.metrics.accepted, self.metrics.latency
-        self.group_commit = GroupCommit() if config.server.fsync else None
-        self._rotation: asyncio.Task[None] | None = None
-        self._open = False
-
-    # --- life cycle -------------------------------------------------------------------------------
-
-    def open(self) -> None:
-        self.logs.incoming_dir.mkdir(parents=True, exist_ok=True)
-        for dest_id in self.spools:
-            queue_dir(self.log_path, dest_id).mkdir(parents=True, exist_ok=True)
-        if self.group_commit is not None:
-            self.group_commit.start()
-        self._open = True
-
-    def close(self) -> list[Path]:
-        """Stops rotation and group commit, rotates the written logs, closes the files."""
-        if not self._open:
-            return []
-        self._open = False
-        if self._rotation is not None:
-            with contextlib.suppress(RuntimeError):  # its loop may be closed already (forced exit)
-                self._rotation.cancel()
-            self._rotation = None
-        if self.group_commit is not None:
-            self.group_commit.stop()
-        for spool in self.spools.values():
-            spool.close(sync=self.logs.fsync)
-        rotated = self.logs.close()
-        logger.info("collector stopped; rotated %d incoming log(s)", len(rotated))
-        return rotated
-
-    def start_rotation(self) -> None:
-        """Rotates the incoming logs every `log.rotation_min` minutes (needs a running loop)."""
-        self._rotation = asyncio.get_running_loop().create_task(self._rotate_periodically())
-
-    async def _rotate_periodically(self) -> None:
-        period = self.config.log.rotation_min * 60
-        while True:
-            await asyncio.sleep(period)
-            try:
-                self.logs.rotate()
-            except OSError:
-                logger.exception("rotating incoming logs failed; retrying next period")
+        super().__init__(config, worker, instances, _endpoint_names())
 
     # --- ASGI -------------------------------------------------------------------------------------
 
@@ -162,73 +85,6 @@ class CollectorApp:
                 self.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
-
-    # --- events -----------------------------------------------------------------------------------
-
-    def route(self, token: Token) -> Route:
-        """The token's route; 422 when no destination takes the token."""
-        route = self._routable.get(token.id)
-        if route is None:
-            raise HTTPError(
-                422,
-                f"No destination is configured for token '{token.id}'",
-                "add a destination, or list the token in a destination's only_tokens",
-            )
-        return route
-
-    def prepare(
-        self, events: list[dict[str, Any]], secret: str, ip: str, user_agent: str | None, server_side: bool
-    ) -> bytes:
-        """ContextEnrichment of every event (one `_timestamp` for all), then their log lines."""
-        now = utc_timestamp()
-        for event in events:
-            enrich_context(
-                event, token=secret, source_ip=ip, user_agent=user_agent, server_side=server_side, timestamp=now
-            )
-        if len(events) == 1:
-            return orjson.dumps(events[0], option=_DUMPS_OPTION)
-        return b"".join([orjson.dumps(event, option=_DUMPS_OPTION) for event in events])
-
-    def write(self, route: Route, token: Token, lines: bytes, count: int) -> None:
-        """Hands the lines to the OS in every file of the route; 503 when that fails."""
-        if count == 0:
-            return
-        try:
-            for file in route.files:
-                file.write(lines, count)
-        except OSError as exc:
-            logger.error("cannot store events of token %s: %s", token.id, exc)
-            raise HTTPError(503, "Failed to store events", exc.strerror or str(exc)) from None
-        self.accepted[token.id] += count
-
-    async def sync(self, route: Route) -> None:
-        """With `server.fsync`, waits for the group commit of the route's files; 503 when fsync fails."""
-        if self.group_commit is None:
-            return
-        try:
-            await self.group_commit.sync(route.files)
-        except OSError as exc:
-            logger.error("fsync of incoming logs failed: %s", exc)
-            raise HTTPError(503, "Failed to store events", exc.strerror or str(exc)) from None
-
-    def accept(
-        self,
-        route: Route,
-        token: Token,
-        secret: str,
-        events: list[dict[str, Any]],
-        scope: Scope,
-        headers: dict[bytes, bytes],
-        server_side: bool,
-    ) -> bool:
-        """Enriches and writes the events of one request; True when they must be synced (`sync`).
-
-        Not a coroutine: without `server.fsync` a request needs no second await.
-        """
-        ip, user_agent = sender(scope, headers, server_side, self.proxies)
-        count = len(events)
-        self.write(route, token, self.prepare(events, secret, ip, user_agent, server_side), count)
-        return count > 0 and self.group_commit is not None
 
 
 async def _no_handler(app: CollectorApp, request: Request) -> Response:

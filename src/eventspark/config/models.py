@@ -82,6 +82,27 @@ class MetricsConfig(Section):
     prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
 
 
+class EventsCacheSize(Section):
+    size: int = Field(default=100, ge=0, le=100_000, description="events kept per destination (0: none)")
+    time_window_sec: float = Field(
+        default=60, gt=0, description="EventNative: window of its per-destination rate limit of cached events"
+    )
+
+
+class EventsCacheConfig(Section):
+    """EventNative's `server.cache`: the last events per destination (`/api/v1/events/cache`, `/ui`)."""
+
+    enabled: bool = True
+    events: EventsCacheSize = Field(default_factory=EventsCacheSize)
+
+
+class ServerLogConfig(Section):
+    """The server's own log (not the events' `log:`)."""
+
+    format: str = Field(default="text", pattern="^(text|json)$", description="text, or JSON lines with ids")
+    level: str = Field(default="info", pattern="^(?i)(debug|info|warning|error)$")
+
+
 class ServerConfig(Section):
     name: str = ""
     host: str = "0.0.0.0"
@@ -107,6 +128,8 @@ class ServerConfig(Section):
         return value
 
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    cache: EventsCacheConfig = Field(default_factory=EventsCacheConfig)
+    log: ServerLogConfig = Field(default_factory=ServerLogConfig)
     auth: list[ApiKey] = Field(default_factory=list, description="EventNative 1.30 place for api_keys")
 
 
@@ -196,6 +219,16 @@ class StreamConfig(Section):
     poll_ms: float = Field(default=10, gt=0, description="how often an idle worker looks for new events")
 
 
+class MetaStorageConfig(Section):
+    redis: RedisConfig | None = None
+
+
+class MetaConfig(Section):
+    """EventNative's `meta.storage`: where shared operator state lives (the events cache)."""
+
+    storage: MetaStorageConfig = Field(default_factory=MetaStorageConfig)
+
+
 class SparkConfig(Section):
     """Where the batch job runs: `local[*]` by default, any Spark master URL by configuration."""
 
@@ -222,6 +255,7 @@ class Config(Section):
     geo: GeoConfig = Field(default_factory=GeoConfig)
     destinations: dict[str, Destination] = Field(default_factory=dict)
     coordination: CoordinationConfig | None = None
+    meta: MetaConfig = Field(default_factory=MetaConfig)
     users_recognition: UsersRecognition = Field(default_factory=UsersRecognition)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)

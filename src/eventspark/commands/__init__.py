@@ -1,0 +1,1 @@
+"""The operator commands of the `eventspark` CLI, one module per area, each with `register(app)`."""
