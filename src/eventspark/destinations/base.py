@@ -251,6 +251,11 @@ class DestinationType:
     """The pip extra that installs the driver (`pip install 'eventspark[<extra>]'`)."""
     driver: str | None = None
     """The driver's top-level module, checked before building."""
+    probe: str = "eventspark.destinations.sql.probe:probe"
+    """`module:function(adapter, send_event) -> str` proving a built adapter's config works
+    without loading events (`POST /api/v1/destinations/test`, `check --connect`): it says what
+    it checked, or raises DestinationError with the service's message. Imported on use; the
+    default creates and drops a probe table (SQL warehouses)."""
 
     def build(self, dest_id: str, dest: Any, events_dir: Path) -> DestinationAdapter:
         """The adapter of destination `dest_id`; does no I/O. TerminalError when the driver is missing."""
@@ -259,6 +264,12 @@ class DestinationType:
         make = getattr(importlib.import_module(module), function)
         adapter: DestinationAdapter = make(dest_id, dest, events_dir)
         return adapter
+
+    def run_probe(self, adapter: Any, send_event: bool = False) -> str:
+        """Runs this type's `probe` on an adapter `build` made (blocking: network I/O)."""
+        module, _, function = self.probe.partition(":")
+        result: str = getattr(importlib.import_module(module), function)(adapter, send_event)
+        return result
 
     def require_driver(self) -> None:
         try:

@@ -1,10 +1,156 @@
-"""Setting up a destination: dry-run, destination test, template evaluation."""
+"""Setting up a destination: dry run, destination test, template evaluation.
+
+`POST /api/v1/events/dry-run?destination_id=X` (server secret): what the body's events would
+become in destination X, nothing written (`ops.dryrun`); EventNative's answer (v1.41: one
+`[{"field", "type", "value"}]` list per event) or, with `?format=full`, each event's table,
+status and fields. `POST /api/v1/destinations/test` (admin): a destination config proved by its
+type's probe (`ops.probe`). `POST /api/v1/templates/evaluate` (admin): a `table_name_template`
+on an object, EventNative's body and answer. docs/setup-tools.md has the details.
+"""
 
 from __future__ import annotations
 
-from eventspark.collector.api.common import Routes, not_implemented
+import asyncio
+import math
+from typing import Any
+
+from eventspark.collector.api.common import Routes
+from eventspark.collector.auth import check_admin, request_token
+from eventspark.collector.body import parse_events, parse_failed, parse_json
+from eventspark.collector.core import Collector
+from eventspark.collector.http import HTTPError, Request, Response, json_response, read_body, sender
+from eventspark.config.routing import takes_token
+from eventspark.ops import dryrun, probe
+from eventspark.steps.context import enrich_context, utc_timestamp
+from eventspark.steps.template import TemplateEvalError, TemplateSyntaxError, compile_template
+
+DRY_RUN_FORMATS = ("eventnative", "full")
+PROBE_DESTINATION_ID = "destination_test"
+"""The id a tested config gets (it names nothing the node runs)."""
+
+
+# --- dry run --------------------------------------------------------------------------------------
+
+
+async def dry_run(app: Collector, request: Request) -> Response:
+    token, secret = app.tokens.require_server(request_token(request))
+    dest_id = request.query_param("destination_id")
+    if not dest_id:
+        raise HTTPError(400, "Error getting [destination_id] parameter - it must not be empty")
+    dest = app.config.destinations.get(dest_id)
+    if dest is None:
+        raise HTTPError(404, f"Error: destination with id=[{dest_id}] does not exist")
+    if not takes_token(dest, token):
+        raise HTTPError(403, f"The token is not allowed to send events to destination [{dest_id}]", "only_tokens")
+    answer = request.query_param("format") or "eventnative"
+    if answer not in DRY_RUN_FORMATS:
+        raise HTTPError(400, f"Unknown format {answer[:40]!r}", f"use one of {', '.join(DRY_RUN_FORMATS)}")
+    events = parse_events(await read_body(request.receive, request.headers, app.max_event_size))
+    if not 1 <= len(events) <= dryrun.MAX_EVENTS:
+        raise parse_failed(f"a dry run takes 1 to {dryrun.MAX_EVENTS} events, got {len(events)}")
+    ip, _ = sender(request.scope, request.headers, True, app.proxies)
+    now = utc_timestamp()
+    for event in events:  # as the s2s endpoint enriches them
+        enrich_context(event, token=secret, source_ip=ip, user_agent=None, server_side=True, timestamp=now)
+    geo = app.config.geo.maxmind_path
+    try:
+        results = await asyncio.to_thread(dryrun.dry_run, dest_id, dest, app.log_path, geo, events)
+    except Exception as exc:  # building the chain (a missing driver...): the destination's problem
+        raise HTTPError(400, f"Error getting dry run response for destination with id=[{dest_id}]", str(exc)) from None
+    if answer == "full":
+        return json_response({"destination_id": dest_id, "events": [r.to_dict() for r in results]})
+    problem = next((r for r in results if r.status != "ok"), None)
+    if problem is not None:  # EventNative answered a skipped or failed event with 400
+        raise HTTPError(400, f"Error getting dry run response for destination with id=[{dest_id}]", problem.error)
+    return json_response([r.fields for r in results])
+
+
+# --- destination test -----------------------------------------------------------------------------
+
+
+async def destination_test(app: Collector, request: Request) -> Response:
+    check_admin(request, app.admin_token)
+    raw = parse_json(await read_body(request.receive, request.headers, app.max_event_size))
+    send_event = _flag(request.query_param("send_event"))
+    timeout = _timeout(request.query_param("timeout"))
+    try:
+        dest = probe.parse_destination(raw)
+    except ValueError as exc:
+        raise HTTPError(400, "Invalid destination config", str(exc)) from None
+    events_dir = app.log_path
+
+    def work() -> str:
+        return probe.probe_destination(PROBE_DESTINATION_ID, dest, events_dir, send_event, confine=True)
+
+    try:
+        checked = await probe.run_bounded_async(work, timeout)
+    except probe.Busy as exc:
+        raise HTTPError(429, "Too many destination tests at once", str(exc)) from None
+    except Exception as exc:  # every failure is the destination's answer: 400 with its message
+        raise HTTPError(400, probe.failure_message(exc), _error_text(exc)) from None
+    return json_response({"status": "ok", "checked": checked})
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "yes")
+
+
+def _timeout(value: str | None) -> float:
+    if value is None or value == "":
+        return probe.DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= probe.MAX_TIMEOUT:
+        raise HTTPError(400, "Invalid timeout", f"timeout is seconds, more than 0 and at most {probe.MAX_TIMEOUT:g}")
+    return seconds
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 2000 else text[:2000] + "..."
+
+
+# --- templates ------------------------------------------------------------------------------------
+
+
+async def evaluate_template(app: Collector, request: Request) -> Response:
+    """EventNative's body: `{"object": {...}, "expression": "...", "reformat": bool}`; answer
+    `{"result", "error", "format"}` (400 with the error, and `message`, when it fails)."""
+    check_admin(request, app.admin_token)
+    body = parse_json(await read_body(request.receive, request.headers, app.max_event_size))
+    if not isinstance(body, dict):
+        raise parse_failed(f"expected a JSON object, got {type(body).__name__}")
+    obj, expression = body.get("object"), body.get("expression", "")
+    if not isinstance(obj, dict):
+        raise HTTPError(400, "'object' is required field", "object must be a JSON object")
+    if not isinstance(expression, str):
+        raise HTTPError(400, "'expression' must be a string")
+    if body.get("field") == "_transform":
+        raise HTTPError(400, "JavaScript transforms are not supported", "eventspark evaluates Go templates only")
+    try:
+        template = compile_template(expression)
+    except TemplateSyntaxError as exc:
+        return _template_error("error parsing template", exc)
+    try:
+        result = template.render(obj) if body.get("reformat") is True else template.render_raw(obj)
+    except TemplateEvalError as exc:
+        return _template_error("error executing template", exc)
+    return json_response(_template_answer(result, ""))
+
+
+def _template_error(message: str, exc: Exception) -> Response:
+    error = f"{message}: {exc}"
+    return json_response({"message": error, **_template_answer("", error)}, status=400)
+
+
+def _template_answer(result: str, error: str) -> dict[str, Any]:
+    return {"result": result, "error": error, "user_result": "", "user_error": "", "format": "go"}
+
 
 ROUTES: Routes = {
-    "/api/v1/events/dry-run": {"POST": not_implemented("Dry run", admin=False)},
-    "/api/v1/destinations/test": {"POST": not_implemented("Destination testing", admin=True)},
+    "/api/v1/events/dry-run": {"POST": dry_run},
+    "/api/v1/destinations/test": {"POST": destination_test},
+    "/api/v1/templates/evaluate": {"POST": evaluate_template},
 }

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from eventspark.destinations.amplitude.configuration import AmplitudeConfig, AmplitudeDestination
-from eventspark.destinations.http.service import HttpRequest, Refused, Service, Verdict, chunks
+from eventspark.destinations.http.service import HttpRequest, Probe, Refused, Service, Verdict, chunks
 from eventspark.destinations.http.sink import HttpSink
 from eventspark.logs.failed import event_id_of
 
@@ -46,6 +46,10 @@ class Amplitude(Service):
 
     def secrets(self) -> Iterable[str]:
         return (self.api_key,)
+
+    def probe(self) -> Probe:
+        """A connection only: Amplitude checks a key only on a request that records an event."""
+        return Probe(self.url)
 
     def payload(self, event: dict[str, Any]) -> bytes:
         if not isinstance(event.get("event_type"), str) or not event["event_type"]:

@@ -173,6 +173,12 @@ class ClickHouseWarehouse(SqlWarehouse):
         """False for eventspark's stage and marker tables and, with a cluster, Distributed tables."""
         return super()._is_user_table(name) and not (self.layout.cluster and name.startswith(DIST_PREFIX))
 
+    def drop_statements(self, table: str) -> list[str]:
+        """The probe's DROP (`sql/probe.py`): the table and, with a cluster, its Distributed table."""
+        layout = self.layout
+        names = [DIST_PREFIX + table, table] if layout.cluster else [table]
+        return [f"DROP TABLE {layout.name(name)}{layout.on_cluster()}" for name in names]
+
     def _create_statements(self, patch: TablePatch) -> list[str]:
         return create_statements(self.layout, patch.table, patch.add_columns, patch.primary_keys or ())
 

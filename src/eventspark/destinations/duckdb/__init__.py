@@ -11,4 +11,5 @@ DESTINATION = DestinationType(
     capabilities=CAPABILITIES,
     dialect=DIALECT,
     factory="eventspark.destinations.duckdb.load:build",
+    probe="eventspark.destinations.duckdb.probe:probe",
 )

@@ -29,7 +29,7 @@ import orjson
 
 from eventspark.destinations.facebook.configuration import FacebookConfig, FacebookDestination
 from eventspark.destinations.http.config import base_url
-from eventspark.destinations.http.service import HttpRequest, Refused, Service, chunks
+from eventspark.destinations.http.service import HttpRequest, Probe, Refused, Service, chunks
 from eventspark.destinations.http.sink import HttpSink
 from eventspark.logs.failed import event_id_of
 from eventspark.steps.gotemplate.gofmt import go_value
@@ -62,6 +62,12 @@ class Facebook(Service):
 
     def secrets(self) -> Iterable[str]:
         return (self.token,)
+
+    def probe(self) -> Probe:
+        """EventNative's test: an empty `data` list, which the Graph API refuses after checking
+        the token (error 190) and the pixel (803, or 100 GraphMethodException)."""
+        request = HttpRequest("POST", self.url, (), b'{"data":[]}', {"Content-Type": "application/json"})
+        return Probe(self.url, request, _probe_verdict)
 
     def payload(self, event: dict[str, Any]) -> tuple[str, bytes]:
         """(test_event_code, the `data` element as JSON)."""
@@ -129,3 +135,16 @@ def _hashed(key: str, value: Any) -> Any:
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _probe_verdict(status: int, body: str) -> str | None:
+    try:
+        error = orjson.loads(body).get("error") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        return None if 200 <= status <= 299 else f"HTTP {status}"
+    code, kind, message = error.get("code"), error.get("type"), error.get("message", "")
+    if code == 190:
+        return f"the access token is not valid: {message}"
+    if code == 803 or (code == 100 and kind == "GraphMethodException"):
+        return f"the pixel id is not valid: {message}"
+    return None  # any other refusal is about the empty event list: token and pixel are fine

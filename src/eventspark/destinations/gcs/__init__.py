@@ -11,6 +11,7 @@ DESTINATION = DestinationType(
     capabilities=CAPABILITIES,
     dialect=DIALECT,
     factory="eventspark.destinations.gcs.load:build",
+    probe="eventspark.destinations.files.probe:probe",
     extra="gcs",
     driver="google.cloud.storage",
 )

@@ -11,4 +11,5 @@ DESTINATION = DestinationType(
     capabilities=CAPABILITIES,
     dialect=DIALECT,
     factory="eventspark.destinations.google_analytics.load:build",
+    probe="eventspark.destinations.http.probe:probe",
 )

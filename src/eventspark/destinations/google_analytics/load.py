@@ -35,7 +35,7 @@ import orjson
 
 from eventspark.destinations.google_analytics.configuration import GoogleAnalyticsConfig, GoogleAnalyticsDestination
 from eventspark.destinations.http.config import base_url
-from eventspark.destinations.http.service import HttpRequest, Refused, Service, chunks
+from eventspark.destinations.http.service import HttpRequest, Probe, Refused, Service, chunks
 from eventspark.destinations.http.sink import HttpSink
 from eventspark.steps.gotemplate.errors import TemplateEvalError
 from eventspark.steps.gotemplate.gofmt import go_value
@@ -95,6 +95,11 @@ class UniversalAnalytics(Service):
         self.tracking_id = config.tracking_id
         self.base = base_url(config, PUBLIC_URL)
 
+    def probe(self) -> Probe:
+        """One hit to the validation server (`/debug/collect`), which records nothing."""
+        hit = urlencode({"v": "1", "tid": self.tracking_id, "cid": PROBE_CLIENT, "t": "event", "ec": "eventspark"})
+        return Probe(self.base, HttpRequest("GET", f"{self.base}/debug/collect?{hit}", ()), _ua_verdict)
+
     def payload(self, event: dict[str, Any]) -> str:
         params = [("tid", self.tracking_id), ("v", "1")]
         try:
@@ -152,6 +157,13 @@ class GA4(Service):
         self.secret = config.api_secret.get_secret_value()
         query = urlencode({"measurement_id": config.measurement_id, "api_secret": self.secret})
         self.url = f"{base_url(config, PUBLIC_URL)}/mp/collect?{query}"
+        self.debug_url = f"{base_url(config, PUBLIC_URL)}/debug/mp/collect?{query}"
+
+    def probe(self) -> Probe:
+        """One event to the validation server (`/debug/mp/collect`), which records nothing."""
+        body = orjson.dumps({"client_id": PROBE_CLIENT, "events": [{"name": "eventspark_probe"}]})
+        request = HttpRequest("POST", self.debug_url, (), body, {"Content-Type": "application/json"})
+        return Probe(self.url, request, _ga4_verdict)
 
     def secrets(self) -> Iterable[str]:
         return (self.secret,)
@@ -233,3 +245,30 @@ def _micros(value: Any) -> int | None:
         return None
     moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1_000_000)
+
+
+PROBE_CLIENT = "eventspark.probe"
+"""The client id of destination tests' validation requests."""
+
+
+def _ua_verdict(status: int, body: str) -> str | None:
+    if not 200 <= status <= 299:
+        return f"HTTP {status}"
+    try:
+        results = orjson.loads(body)["hitParsingResult"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return "the validation server's answer is not the expected JSON"
+    if all(result.get("valid") for result in results):
+        return None
+    problems = [m.get("description", "") for r in results if not r.get("valid") for m in r.get("parserMessage", [])]
+    return "; ".join(problems) or "the hit is not valid"
+
+
+def _ga4_verdict(status: int, body: str) -> str | None:
+    if not 200 <= status <= 299:
+        return f"HTTP {status}"
+    try:
+        messages = orjson.loads(body).get("validationMessages", [])
+    except (orjson.JSONDecodeError, AttributeError):
+        return "the validation server's answer is not the expected JSON"
+    return "; ".join(str(m.get("description", m)) for m in messages) or None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import quote
@@ -31,6 +31,18 @@ class Verdict:
 
     bad: Mapping[int, str] = field(default_factory=dict)
     whole: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """How a destination test (`http/probe.py`) checks a service without delivering an event: a
+    `request` whose answer `verdict(status, body)` reads (None: fine, else what is wrong; without
+    a verdict, any 2xx is fine), or, with no request, a connection (TCP, and TLS for https) to
+    the host and port of `url`."""
+
+    url: str
+    request: HttpRequest | None = None
+    verdict: Callable[[int, str], str | None] | None = None
 
 
 class Refused(ValueError):
@@ -62,6 +74,11 @@ class Service(ABC):
     @abstractmethod
     def requests(self, payloads: Sequence[tuple[int, Any]]) -> Iterable[HttpRequest]:
         """Requests for `payloads` (position, payload): each position in exactly one request."""
+
+    def probe(self) -> Probe:
+        """The cheapest check that the URL (and, where the service has a way, the key) works,
+        without delivering an event (every registered service has one)."""
+        raise NotImplementedError(f"{self.name}: this service has no destination test")
 
 
 def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

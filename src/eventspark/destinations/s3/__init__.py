@@ -11,6 +11,7 @@ DESTINATION = DestinationType(
     capabilities=CAPABILITIES,
     dialect=DIALECT,
     factory="eventspark.destinations.s3.load:build",
+    probe="eventspark.destinations.files.probe:probe",
     extra="s3",
     driver="boto3",
 )

@@ -11,4 +11,5 @@ DESTINATION = DestinationType(
     capabilities=CAPABILITIES,
     dialect=DIALECT,
     factory="eventspark.destinations.webhook.load:build",
+    probe="eventspark.destinations.http.probe:probe",
 )

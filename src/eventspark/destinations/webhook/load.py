@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import orjson
 
-from eventspark.destinations.http.service import HttpRequest, Refused, Service
+from eventspark.destinations.http.service import HttpRequest, Probe, Refused, Service
 from eventspark.destinations.http.sink import HttpSink
 from eventspark.destinations.http.template import TextTemplate
 from eventspark.destinations.webhook.configuration import (
@@ -120,6 +120,14 @@ class Webhook(Service):
             return url
         base = self.endpoint
         return urlunsplit((base.scheme, base.netloc, base.path + parts.path, parts.query, ""))
+
+    def probe(self) -> Probe:
+        """A connection to the URL's host and port: a webhook has no request without side effects."""
+        if self.endpoint is not None:
+            return Probe(urlunsplit((self.endpoint.scheme, self.endpoint.netloc, "/", "", "")))
+        scheme, host, port = self.origin
+        netloc = f"[{host}]" if ":" in host else host
+        return Probe(f"{scheme}://{netloc}{f':{port}' if port else ''}/")
 
     def requests(self, payloads: Sequence[tuple[int, Any]]) -> Iterable[HttpRequest]:
         for position, request in payloads:

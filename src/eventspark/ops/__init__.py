@@ -1,0 +1,1 @@
+"""Operator features shared by the HTTP API and the CLI."""

@@ -1,0 +1,107 @@
+"""Dry run: what one event would become in one destination, with nothing written anywhere.
+
+The event goes through the same steps as a collected one: ContextEnrichment as the s2s endpoint
+applies it (the caller does that: it knows the request), then the destination's chain exactly as
+the stream workers and the batch executors build it (`steps/chain.py`: table name template,
+lookups, mapping, flattening), then typing (`steps/typing.py`), with each column's type named in
+the destination's dialect (`Dialect.column_type`: `bigint`, `Nullable(String)`...). No
+connection is opened: the types are those a new table would get (an existing table keeps its
+own column types, and a value that does not fit them fails at load time).
+
+Results are EventNative's `[{"field", "type", "value"}]` per event, plus the table and a status:
+`ok`, `skipped` (the template rendered nothing) or `failed` (with the reason the event would go
+to `events/failed`).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from eventspark.destinations.registry import destination_type
+from eventspark.steps.chain import DestinationChain, Failure
+from eventspark.steps.flatten import flatten
+from eventspark.steps.lookup import GeoResolver, UserAgentParser
+from eventspark.steps.typing import coerce, format_timestamp, header_for
+
+MAX_EVENTS = 100
+"""Most events one dry run takes (a body may be an array or a template body, like the event endpoints')."""
+SKIPPED = "the table name template rendered an empty name: the event is skipped for this destination"
+
+Status = Literal["ok", "skipped", "failed"]
+
+
+@dataclass(slots=True)
+class DryRunResult:
+    """One event's fate in one destination."""
+
+    status: Status
+    table: str = ""
+    fields: list[dict[str, Any]] = field(default_factory=list)
+    """`{"field", "type", "value"}` per column, in the row's order; NULLs are not columns."""
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "table": self.table, "fields": self.fields, "error": self.error}
+
+
+class DryRun:
+    """One destination's chain, built as the stream workers and the batch executors build it."""
+
+    def __init__(self, dest_id: str, dest: Any, events_dir: Any, geo: GeoResolver | None, ua: UserAgentParser) -> None:
+        entry = destination_type(dest.type)
+        self.dialect = entry.dialect
+        check_name = entry.dialect.quote
+        if entry.capabilities.stage == "objects":  # the files family: the format decides the chain
+            target = entry.build(dest_id, dest, events_dir).stage_target("dry-run")
+            self.chain: DestinationChain = target.chain(dest_id, dest, geo, ua, check_name)  # type: ignore[attr-defined]
+        else:
+            flat = entry.capabilities.delivery == "tables"
+            self.chain = DestinationChain.build(dest_id, dest, geo, ua, check_name, flat=flat)
+
+    def run(self, event: dict[str, Any]) -> DryRunResult:
+        """The result for an enriched event (which the chain changes: pass a copy to keep it)."""
+        try:
+            result = self.chain.process(event)
+        except Exception as exc:  # as the batch job: one odd event fails alone
+            return DryRunResult("failed", error=f"the pipeline steps failed on this event: {type(exc).__name__}: {exc}")
+        if result is None:
+            return DryRunResult("skipped", error=SKIPPED)
+        if isinstance(result, Failure):
+            return DryRunResult("failed", error=result.error)
+        values = result.values
+        if any(isinstance(v, dict | list) for v in values.values()):  # delivered as an object: shown flat
+            values = flatten(values)
+        header = header_for(result.table, values, result.casts)
+        try:
+            fields = [
+                {"field": name, "type": self.dialect.column_type(f), "value": _json_value(coerce(values[name], f.type))}
+                for name, f in header.fields.items()
+            ]
+        except ValueError as exc:
+            return DryRunResult("failed", result.table, error=str(exc))
+        return DryRunResult("ok", result.table, fields)
+
+
+def _json_value(value: Any) -> Any:
+    return format_timestamp(value) if isinstance(value, datetime) else value
+
+
+_lookups: dict[str | None, tuple[GeoResolver | None, UserAgentParser]] = {}
+_lock = threading.Lock()
+"""Dry runs of one process take turns: the lookups' caches are not shared between threads."""
+
+
+def dry_run(
+    dest_id: str, dest: Any, events_dir: Any, geo_path: str | None, events: list[dict[str, Any]]
+) -> list[DryRunResult]:
+    """The results of enriched `events` in destination `dest_id` (blocking: the first call opens
+    the GeoIP database and loads the UA parser's regexes; run it off an event loop)."""
+    with _lock:
+        found = _lookups.get(geo_path)
+        if found is None:
+            found = _lookups[geo_path] = (GeoResolver.open(geo_path), UserAgentParser())
+        runner = DryRun(dest_id, dest, events_dir, *found)
+        return [runner.run(event) for event in events]
