@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,11 +16,17 @@ app = typer.Typer(help="eventspark: self-hosted event collection on Apache Spark
 
 
 @app.command()
-def check(config: ConfigOption = None) -> None:
+def check(
+    config: ConfigOption = None,
+    connect: Annotated[
+        bool, typer.Option("--connect", help="Also test every destination: probe table, object or request.")
+    ] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=1, max=600, help="Seconds for the tests.")] = 30,
+) -> None:
     """Validates a config file and prints what it configures.
 
     Exits 2 when the config cannot be used, 1 when it can but some keys have no effect (unknown,
-    misspelt, or useless where they are), 0 otherwise."""
+    misspelt, or useless where they are) or, with --connect, a destination's test fails, 0 otherwise."""
     loaded = _load(config)
     cfg = loaded.config
     out.print(f"config OK: {len(cfg.api_keys)} token(s), {len(cfg.destinations)} destination(s)")
@@ -27,6 +34,11 @@ def check(config: ConfigOption = None) -> None:
         template = dest.data_layout.table_name_template
         out.print(escape(f"  {dest_id}: {dest.type}, {dest.mode} mode, table {template!r}"), highlight=False)
     out.print(escape(f"  spark master: {cfg.spark.master}"), highlight=False)
+    if connect:
+        out.print("destination tests:")
+        if not tools.check_connections(cfg, timeout):
+            err.print("[bold red]a destination test failed[/] (see above)")
+            raise typer.Exit(code=1)
     if loaded.warnings:
         err.print(f"[yellow]{len(loaded.warnings)} key(s) in the config have no effect[/] (see the warnings above)")
         raise typer.Exit(code=1)
@@ -40,6 +52,7 @@ def serve(
     """Runs the collector, the batch uploader and the stream workers."""
     setup_logging(verbose)
     loaded = _load(config)
+    setup_logging(verbose, loaded.config.server.log)
     if loaded.generated_token is not None:
         out.print(f"no token configured; generated one: [bold]{loaded.generated_token.client_secret}[/]")
     from eventspark.collector.server import run_server
@@ -56,9 +69,14 @@ def process(
     """Rotates the incoming logs now, runs one batch pass and prints a summary; non-zero on failure."""
     setup_logging(verbose)
     loaded = _load(config)
+    setup_logging(verbose, loaded.config.server.log)
     from eventspark.batch.process import process_once
+    from eventspark.ops.replay import node_serves
 
-    ok = process_once(loaded, console=out)
+    if node_serves(Path(loaded.config.log.path)):  # the live logs belong to `serve`: ask it
+        ok = replay.process_through_node(loaded, console=out)
+    else:
+        ok = process_once(loaded, console=out)
     raise typer.Exit(code=0 if ok else 1)
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 from eventspark.config import LoadedConfig
 from eventspark.config.models import CoordinationConfig
 from eventspark.coordination import Coordination, CoordinationError, build_coordination
 from eventspark.coordination.base import DEFAULT_HEARTBEAT_TTL
+from eventspark.ops.metrics import PipelineMetrics, Snapshots, pipeline_metrics, process_snapshots
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,16 @@ class NodeServices:
         self.heartbeat_period = heartbeat_period or heartbeat_period_of(config.coordination)
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self.log_path = Path(config.log.path)
+        self.pipeline: PipelineMetrics | None = None
+        self.snapshots: Snapshots | None = None
 
     def start(self) -> None:
+        # The pipeline's counters and last-load records reach `/prometheus` and `eventspark status`
+        # through files (any collector worker answers): see `eventspark.ops.metrics`.
+        self.pipeline = pipeline_metrics()
+        self.snapshots = process_snapshots(self.log_path)
+        self.snapshots.add_source(self.pipeline.sample, self.pipeline.states.flush)
         self._beat()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="eventspark-heartbeat", daemon=True)
         self._heartbeat.start()
@@ -63,6 +73,8 @@ class NodeServices:
             self.uploader.stop()
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
+        if self.snapshots is not None and self.pipeline is not None:
+            self.snapshots.release(self.pipeline.sample, self.pipeline.states.flush)
         self.coordination.close()
 
     def instances(self) -> list[str]:

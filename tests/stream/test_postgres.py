@@ -118,6 +118,35 @@ def test_a_schema_changed_behind_the_cache_is_read_again(harness: Harness, pg_sc
     assert harness.failed() == []
 
 
+def test_a_column_type_fixed_by_hand_is_read_again_before_failing(harness: Harness, pg_schema: str) -> None:
+    harness.append(event(1, qty=1))
+    harness.drain()  # qty is a bigint column now, cached as INT64
+    reads = []
+    read_table = harness.worker.delivery.adapter.read_table
+
+    def counted(table: str) -> Any:
+        reads.append(table)
+        return read_table(table)
+
+    harness.worker.delivery.adapter.read_table = counted  # type: ignore[method-assign]
+    harness.append(event(2, qty="abc"))
+    harness.drain()  # does not fit bigint: read again (still bigint), then failed
+    assert len(reads) == 1
+    assert ["does not fit" in f["error"] for f in harness.failed()] == [True]
+    harness.append(event(3, qty="abc"))
+    harness.drain()  # read again at most once per table every REFRESH_SECONDS
+    assert len(reads) == 1 and len(harness.failed()) == 2
+
+    execute(f'ALTER TABLE "{pg_schema}".pageview ALTER COLUMN qty TYPE text')  # the operator's fix
+    harness.worker.delivery._refreshed.clear()  # as if REFRESH_SECONDS had passed
+    harness.append(event(4, qty="007"), event(5, qty="xyz"))
+    harness.drain()  # "xyz" does not fit the cached bigint: the fresh schema says text
+    assert len(reads) == 2 and len(harness.failed()) == 2
+    rows = query(f'SELECT {KEY}, qty FROM "{pg_schema}".pageview ORDER BY 1')
+    # "007" was checked against the stale bigint first: it is stored as sent, not as 7.
+    assert rows == [("e000001", "1"), ("e000004", "007"), ("e000005", "xyz")]
+
+
 def test_redelivered_events_are_loaded_once(harness: Harness, pg_schema: str) -> None:
     harness.append(*[event(n) for n in range(5)])
     harness.drain()

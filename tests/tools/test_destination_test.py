@@ -131,6 +131,31 @@ def test_duckdb_outside_the_events_folder(server: Server, tmp_path: Any) -> None
     refused(test_destination(server, {"type": "duckdb", "duckdb": {"path": "../escape.duckdb"}}), "log.path")
 
 
+def test_duckdb_named_like_a_log_is_refused(server: Server) -> None:
+    """log.path holds the node's logs too: a database created under a rotated log's name would be
+    read by the next batch pass as events."""
+    name = "incoming/incoming.tok=main-2026-01-01T00-00-00.000.log"
+    body = refused(test_destination(server, {"type": "duckdb", "duckdb": {"path": name}}), "*.duckdb")
+    assert body["message"] == "The destination config cannot be used"
+    assert not (server.events_dir / name).exists()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"type": "gcs", "google": {"gcs_bucket": "b", "key_file": "/etc/hostname"}},
+        {"type": "bigquery", "google": {"project": "p", "dataset": "d", "key_file": "keys/sa.json"}},
+        {"type": "gcs", "google": {"gcs_bucket": "b", "gcs_endpoint": "http://127.0.0.1:9"}},
+        {"type": "s3", "s3": {"bucket": "b", "endpoint": "http://127.0.0.1:9"}},
+    ],
+)
+def test_node_credentials_are_not_lent(server: Server, config: dict[str, Any]) -> None:
+    """Over HTTP keys come in the body: a key file path, or an endpoint without keys (the node's
+    environment's credentials), would send the node's credentials to a host the caller chose."""
+    body = refused(test_destination(server, config), "tested over HTTP")
+    assert body["message"] == "The destination config cannot be used"
+
+
 def s3_config(endpoint: str, bucket: str, folder: str = "") -> dict[str, Any]:
     block = {"endpoint": endpoint, "bucket": bucket, "region": S3_REGION, "folder": folder}
     return {"type": "s3", "s3": {**block, "access_key_id": S3_KEY_ID, "secret_access_key": S3_SECRET}}
@@ -169,6 +194,8 @@ def test_google_analytics_4_validation_server(server: Server, recorder: Recorder
     recorder.answer(200, '{"validationMessages": [{"description": "api_secret s3cr3t-value is not valid"}]}')
     body = refused(test_destination(server, config), "is not valid")
     assert "s3cr3t-value" not in body["error"]  # secrets are redacted
+    recorder.answer(200, '{"validationMessages": "not a list"}')
+    refused(test_destination(server, config), "not the expected JSON")
 
 
 def test_universal_analytics_validation_server(server: Server, recorder: Recorder) -> None:
@@ -192,6 +219,11 @@ def test_facebook_reads_eventnatives_error_codes(server: Server, recorder: Recor
     recorder.answer(400, '{"error": {"code": 190, "type": "OAuthException", "message": "Invalid OAuth token"}}')
     body = refused(test_destination(server, config), "access token is not valid")
     assert "tok-secret-123" not in body["error"]
+    # An outage or a rate limit proves nothing; an answer that is not the Graph API's is no pass.
+    recorder.answer(500, '{"error": {"code": 2, "message": "Service temporarily unavailable"}}')
+    refused(test_destination(server, config), "HTTP 500", "temporarily unavailable")
+    recorder.answer(400, '{"error": "not the Graph API"}')
+    refused(test_destination(server, config), "HTTP 400")
 
 
 def test_black_holed_host_answers_in_time(server: Server, black_hole: int) -> None:

@@ -57,6 +57,11 @@ def server(serve: Any, schema: str) -> Server:
                     "data_layout": layout,
                 },
                 "dd": {"type": "duckdb", "data_layout": {**layout, "mappings": cast}},
+                "narrow": {
+                    "type": "clickhouse",
+                    "clickhouse": {"dsns": [f"http://127.0.0.1:{closed_port()}/narrow"], "db": "narrow"},
+                    "data_layout": {"max_columns": 12},
+                },
                 "hook": {"type": "webhook", "webhook": {"url": f"http://127.0.0.1:{closed_port()}/hook"}},
                 "lake": {
                     "type": "s3",
@@ -87,10 +92,10 @@ def test_vectors(server: Server, dest_id: str, given: str, expected: str) -> Non
         timeout=30,
     )
     assert answer.status_code == 200, answer.text
-    envelopes = answer.json()
-    assert len(envelopes) == 1  # EventNative v1.41: one list of fields per event
-    fields = {f["field"]: f for f in envelopes[0]}
-    assert all(set(f) == {"field", "type", "value"} for f in envelopes[0])
+    record = answer.json()  # one event object: the spec's flat [{field, type, value}]
+    assert isinstance(record, list) and all(isinstance(f, dict) for f in record)
+    fields = {f["field"]: f for f in record}
+    assert all(set(f) == {"field", "type", "value"} for f in record)
     want = flatten(fixture_json(expected))
     assert set(fields) == set(want)
     types = TYPES[dest_id]
@@ -106,6 +111,23 @@ def test_vectors(server: Server, dest_id: str, given: str, expected: str) -> Non
         else:
             assert got["value"] == value, name
             assert got["type"] == types[type_of(value)], name
+
+
+def test_answer_shape_follows_the_body(server: Server) -> None:
+    """One object: a flat field list (the spec); an array or a template body: one list per
+    event, even of one event (EventNative v1.41); `format=lists`: one list per event always."""
+    event = {"event_type": "shape", "n": 1}
+    expected = {"field": "event_type", "type": "text", "value": "shape"}
+    flat = dry_run(server, "pg", event).json()
+    assert expected in flat and all(isinstance(f, dict) for f in flat)
+    for body in ([event], [event, {**event, "n": 2}], {"template": {"event_type": "shape"}, "events": [{"n": 1}]}):
+        lists = dry_run(server, "pg", body).json()
+        assert len(lists) == len(body if isinstance(body, list) else body["events"])
+        assert all(isinstance(record, list) and expected in record for record in lists)
+    forced = dry_run(server, "pg", event, format="lists").json()
+    assert len(forced) == 1 and expected in forced[0]
+    named = dry_run(server, "pg", event, format="eventnative").json()  # the default's name
+    assert [f["field"] for f in named] == [f["field"] for f in flat]
 
 
 def test_full_format_names_the_table(server: Server) -> None:
@@ -133,6 +155,16 @@ def test_value_that_does_not_fit_its_cast_fails(server: Server) -> None:
     event = bad.json()["events"][0]
     assert event["status"] == "failed" and "does not fit a INT64 column" in event["error"]
     assert dry_run(server, "dd", {"amount": "twelve"}).status_code == 400
+
+
+def test_more_columns_than_the_table_may_have_fails(server: Server) -> None:
+    """12 columns fit `max_columns: 12`, 13 fail, as the load's column check would refuse them."""
+    enriched = len(dry_run(server, "narrow", {}).json())  # `_timestamp`, `api_key`, ...
+    fitting = dry_run(server, "narrow", {f"f{n}": n for n in range(12 - enriched)}, format="full").json()["events"][0]
+    assert fitting["status"] == "ok" and len(fitting["fields"]) == 12
+    wide = dry_run(server, "narrow", {f"f{n}": n for n in range(13 - enriched)}, format="full").json()["events"][0]
+    assert wide["status"] == "failed" and "13 columns, more than max_columns 12" in wide["error"]
+    assert dry_run(server, "narrow", {f"f{n}": n for n in range(13 - enriched)}).status_code == 400
 
 
 def test_auth_and_destination_errors(server: Server) -> None:

@@ -36,6 +36,7 @@ from eventspark.destinations import build_destination
 from eventspark.destinations.base import DestinationAdapter, DestinationError, StagedChunk, new_job_id
 from eventspark.logs.archive import archive_log
 from eventspark.logs.failed import ParkedSpools, append_spools, park_spools, parked_spools, settle_parked
+from eventspark.logs.replay import replay_destination
 from eventspark.logs.rotated import rotated_token
 from eventspark.logs.status import (
     LogStatus,
@@ -46,6 +47,7 @@ from eventspark.logs.status import (
     write_status,
 )
 from eventspark.logs.status import status_path as _status_path
+from eventspark.ops.cache_results import settle_samples
 from eventspark.steps.typing import BatchHeader
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,8 @@ class JobResult:
     archived: list[Path] = field(default_factory=list)
     kept: list[Path] = field(default_factory=list)
     deleted_empty: list[Path] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    """A sample of the pass's events with their outcome, for the events cache (`ops.cache_results`)."""
 
     @property
     def ok(self) -> bool:
@@ -90,6 +94,7 @@ class _Collected:
     counts: dict[tuple[str, str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))
     spools: dict[tuple[str, str, str], list[Path]] = field(default_factory=lambda: defaultdict(list))
     pairs: dict[tuple[str, str], PairLoad] = field(default_factory=dict)
+    samples: list[str] = field(default_factory=list)
 
 
 class BatchJob:
@@ -112,12 +117,24 @@ class BatchJob:
     def run(self, session: Any, logs: list[Path]) -> JobResult:
         result = JobResult()
         logs = self._drop_empty(logs, result)
-        if not logs:
-            return result
+        # Replay logs (`logs.replay`) load into one destination each: a job of their own.
+        groups: dict[str | None, list[Path]] = defaultdict(list)
+        for path in logs:
+            groups[replay_destination(path.name)].append(path)
+        batch = {d for d, dest in self.config.destinations.items() if dest.mode == "batch"}
+        for only, group in sorted(groups.items(), key=lambda item: item[0] or ""):
+            if only is not None and only not in batch:
+                log.warning("replay logs for %s kept: it is not a batch destination of this config", only)
+                result.kept.extend(group)
+                continue
+            self._run_job(session, group, only, result)
+        return result
+
+    def _run_job(self, session: Any, logs: list[Path], only: str | None, result: JobResult) -> None:
         job_id = new_job_id(time.time())
         adapters: dict[str, DestinationAdapter] = {}
         try:
-            return self._run(session, logs, job_id, adapters, result)
+            self._run(session, logs, job_id, adapters, result, only)
         finally:
             for dest_id, adapter in adapters.items():
                 self._cleanup(adapter, job_id, staged=dest_id in self._staged)
@@ -130,17 +147,19 @@ class BatchJob:
         job_id: str,
         adapters: dict[str, DestinationAdapter],
         result: JobResult,
+        only: str | None = None,
     ) -> JobResult:
         statuses = {p.name: read_status(p) for p in logs}
         # Destinations a log's status file has not seen: their template failures are written this
         # pass (decided before load markers repair the statuses after a crash).
         seen = {(name, dest_id) for name, status in statuses.items() for dest_id in status}
         dest_errors: dict[str, str] = {}
-        plan = self._plan(job_id, logs, statuses, adapters, dest_errors)
+        plan = self._plan(job_id, logs, statuses, adapters, dest_errors, only)
         started = time.monotonic()
         collected = self._execute(session, logs, plan) if plan.destinations else _Collected()
         executed = time.monotonic()
         outcomes = self._load(collected, adapters, result)
+        result.samples += settle_samples(collected.samples, outcomes)
         log.info(
             "job %s: %d log(s), Spark stage %.2f s, patch and commit %.2f s",
             job_id,
@@ -173,14 +192,17 @@ class BatchJob:
         statuses: dict[str, LogStatus],
         adapters: dict[str, DestinationAdapter],
         dest_errors: dict[str, str],
+        only: str | None = None,
     ) -> JobPlan:
+        """`only`: the destination of a job over replay logs (every line goes there)."""
         names = [p.name for p in logs]
         plan = JobPlan(job_id, str(self.events_dir / "staging"), {}, {}, {}, (), {}, {})
+        plan.replay_destination = only
         plan.geo_path = self.config.geo.maxmind_path
         plan.chunk_rows = self.chunk_rows
         plan.pass_bytes = sum(p.stat().st_size for p in logs)
         for dest_id, dest in self.config.destinations.items():
-            if dest.mode != "batch":
+            if dest.mode != "batch" or (only is not None and dest_id != only):
                 continue
             try:
                 adapter = adapters[dest_id] = build_destination(dest_id, dest, self.events_dir)
@@ -190,6 +212,8 @@ class BatchJob:
                 dest_errors[dest_id] = str(exc)
         routes = token_routes(self.config.api_keys, plan.destinations)
         plan.secret_tokens, plan.token_destinations, plan.default_destinations = routes
+        if only is not None:  # whatever token a replayed event came with
+            plan.secret_tokens, plan.token_destinations, plan.default_destinations = {}, {}, (only,)
         plan.file_tokens = {name: rotated_token(name) or "" for name in names}
         plan.file_ranks = {name: rank for rank, name in enumerate(sorted(names))}
         plan.done = {
@@ -336,7 +360,9 @@ class BatchJob:
         batch = {d: dest for d, dest in self.config.destinations.items() if dest.mode == "batch"}
         _secrets, token_destinations, default = token_routes(self.config.api_keys, batch)
         for name, token in plan.file_tokens.items():
-            for dest_id in token_destinations.get(token, default):
+            only = plan.replay_destination
+            targets = token_destinations.get(token, default) if only is None else (only,)
+            for dest_id in targets:
                 if dest_id in dest_errors:
                     updates[name].setdefault(dest_id, {})[NO_TABLE] = PairStatus(False, dest_errors[dest_id])
         for dest_id, error in dest_errors.items():
@@ -374,6 +400,9 @@ class BatchJob:
 
 def _fold(collected: _Collected, row: Any) -> None:
     kind, file, dest_id, table = row["kind"], row["file"], row["dest"], row["tbl"]
+    if kind == "sample":
+        collected.samples.append(row["payload"])
+        return
     if kind == "count":
         counts = collected.counts[file, dest_id, table]
         counts[0] += row["rows"]

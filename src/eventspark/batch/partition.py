@@ -23,13 +23,15 @@ from eventspark.batch.splits import Split, read_split
 from eventspark.destinations.base import DestinationError, JsonStageWriter, ObjectBuffer, StageWriter
 from eventspark.destinations.registry import destination_type
 from eventspark.logs.failed import event_error_line, event_id_of
-from eventspark.steps.chain import DestinationChain, Failure
+from eventspark.ops.cache_results import SAMPLE_LINES, sample_row
+from eventspark.steps.chain import DestinationChain, Failure, Row
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
 
 SUMMARY_FIELDS = ("kind", "file", "dest", "tbl", "rows", "failed", "skipped", "spool", "payload")
 """The fields of a summary row (a tuple): ("count", log, destination, table, rows, failed, skipped,
-failed-event spool, None), ("chunk", None, destination, table, 0, 0, 0, None, chunk JSON) or
-("error", None, destination, table, 0, 0, 0, None, why staging failed)."""
+failed-event spool, None), ("chunk", None, destination, table, 0, 0, 0, None, chunk JSON),
+("error", None, destination, table, 0, 0, 0, None, why staging failed) or ("sample", log,
+destination, "", 0, 0, 0, None, a sampled event for the events cache: `ops.cache_results`)."""
 NO_TABLE = ""
 """The table of events that never got one: template failures, skips, unreadable lines."""
 _UNKNOWN: Any = object()
@@ -57,6 +59,7 @@ def process_splits(plan: JobPlan, task_id: int, splits: Iterable[Split]) -> list
     try:
         for split in splits:
             file = split.name
+            task.sample_left = SAMPLE_LINES
             for line in read_split(split):
                 task.add_line(line, file)
             task.end_split(split)
@@ -86,6 +89,9 @@ class PartitionTask:
         self.seq_bases: dict[str, int] = {}
         # Files destinations (`plan.objects`): a buffer per (log, destination, table) of the split.
         self.object_buffers: dict[tuple[str, str, str], ObjectBuffer] = {}
+        # The events cache's sample: the first lines of each split, with their outcome.
+        self.sample_left = 0
+        self.samples: list[tuple[str, str, str]] = []
 
     def chain(self, dest_id: str) -> DestinationChain:
         chain = self.chains.get(dest_id)
@@ -116,37 +122,56 @@ class PartitionTask:
         api_key = event.get("api_key")
         token = self.plan.secret_tokens.get(api_key, file_token) if isinstance(api_key, str) else file_token
         dest_ids = self.plan.destinations_of(token)
+        if self.sample_left:
+            self.sample_left -= 1
+            self.add_sampled(line, file, token, event, dest_ids)
+            return
         last = len(dest_ids) - 1
         for index, dest_id in enumerate(dest_ids):
             # The chain changes the event it runs on: every destination but the last gets a copy.
             self.route(file, dest_id, event if index == last else orjson.loads(line), line)
 
-    def route(self, file: str, dest_id: str, event: dict[str, Any], line: bytes) -> None:
+    def add_sampled(self, line: bytes, file: str, token: str, event: dict[str, Any], dest_ids: Any) -> None:
+        """`add_line`'s routing, keeping what became of the event at each destination."""
+        last = len(dest_ids) - 1
+        for index, dest_id in enumerate(dest_ids):
+            result = self.route(file, dest_id, event if index == last else orjson.loads(line), line)
+            if result is not False:
+                dest = self.plan.destinations[dest_id]
+                column_type = destination_type(dest.type).dialect.column_type
+                existing = self.plan.existing.get(dest_id, {}).get(result.table) if type(result) is Row else None
+                payload = sample_row(dest_id, token, line, result, column_type, existing)
+                self.samples.append((file, dest_id, payload))
+
+    def route(self, file: str, dest_id: str, event: dict[str, Any], line: bytes) -> Row | Failure | bool | None:
+        """Runs the chain and places the row; returns (for samples) the Row placed, the Failure,
+        None when skipped, False when the pair is done already."""
         try:
             result = self.chain(dest_id).process(event)
         except Exception as exc:  # one odd event must not stop every log behind it
             result = Failure(f"the pipeline steps failed on this event: {type(exc).__name__}: {exc}")
         if result is None:
             self.count(file, dest_id, NO_TABLE)[2] += 1
-            return
+            return None
         if type(result) is Failure:
             self.fail(file, dest_id, NO_TABLE, line, result.error)
-            return
+            return result
         table = result.table
         key = (file, dest_id, table)
         target = self.targets.get(key, _UNKNOWN)
         if target is _UNKNOWN:
             target = self.targets[key] = self.target(file, dest_id, table)
         if target is None:
-            return
+            return False
         buffer, counts = target
         error = buffer.add(result.values, result.casts, self.seq(file))
         if error is not None:
             self.fail(file, dest_id, table, line, error)
-            return
+            return Failure(error)
         counts[0] += 1
         if len(buffer) >= self.plan.chunk_rows:
             self.flush(dest_id, buffer)
+        return result
 
     def target(self, file: str, dest_id: str, table: str) -> tuple[ChunkBuffer, list[int]] | None:
         if table in self.plan.done.get((file, dest_id), ()):
@@ -270,6 +295,8 @@ class PartitionTask:
             out.append(("error", None, dest_id, table, 0, 0, 0, None, error))
         for dest_id, table, payload in self.chunks:
             out.append(("chunk", None, dest_id, table, 0, 0, 0, None, payload.decode()))
+        for file, dest_id, sample in self.samples:
+            out.append(("sample", file, dest_id, NO_TABLE, 0, 0, 0, None, sample))
         return out
 
     def close(self) -> None:

@@ -46,6 +46,8 @@ class JobPlan:
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     pass_bytes: int = 0
     """The size of the logs this job reads."""
+    replay_destination: str | None = None
+    """Set when this job loads replay logs (`logs.replay`): the one destination they load into."""
 
     def destinations_of(self, token_id: str) -> tuple[str, ...]:
         found = self.token_destinations.get(token_id)

@@ -25,8 +25,10 @@ from eventspark.batch.plan import DEFAULT_CHUNK_ROWS
 from eventspark.batch.session import get_session, stop_session
 from eventspark.config import LoadedConfig
 from eventspark.coordination import Coordination, build_coordination
+from eventspark.logconfig import in_job
 from eventspark.logs.incoming import rotate_incoming_logs
 from eventspark.logs.rotated import rotated_logs
+from eventspark.progress import spark_tasks
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ def run_pass(
         return BatchJob(loaded, coordination, fault, chunk_rows).run(session, logs)
 
 
+@in_job("pass")  # its log lines carry a job_id
 def process_once(loaded: LoadedConfig, console: Console, keep_session: bool = False) -> bool:
     """Rotates the incoming logs now, runs one pass, prints a summary; False if any pair failed.
 
@@ -84,7 +87,8 @@ def process_once(loaded: LoadedConfig, console: Console, keep_session: bool = Fa
     rotate_incoming_logs(Path(config.log.path) / "incoming")
     coordination = build_coordination(config.coordination, config.server.name)
     try:
-        result = run_pass(loaded, coordination)
+        with spark_tasks("batch pass"):  # a bar on a terminal, log lines otherwise
+            result = run_pass(loaded, coordination)
     except PassBusy as exc:
         console.print(f"[red]{exc}[/]")
         return False

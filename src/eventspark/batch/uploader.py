@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from pathlib import Path
 
 from eventspark.batch.job import JobResult
 from eventspark.batch.process import PassBusy, run_pass
 from eventspark.batch.session import stop_session
 from eventspark.config import LoadedConfig
 from eventspark.coordination import Coordination, build_coordination
+from eventspark.logconfig import in_job
+from eventspark.ops.cache import events_cache_for
+from eventspark.ops.cache_results import record_samples
+from eventspark.ops.metrics import record_pass, record_pass_error
+from eventspark.ops.passes import PassRequests
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +55,21 @@ class Uploader:
         if stop_spark:
             stop_session()
 
+    @in_job("pass")  # its log lines carry a job_id
     def run_once(self) -> JobResult | None:
         """One pass; None when another process of this node is running one."""
+        log_path, started = Path(self.loaded.config.log.path), time.monotonic()
         try:
             result = run_pass(self.loaded, self.coordination)
         except PassBusy as exc:
             log.info("%s; skipping this round", exc)
             return None
+        except Exception as exc:  # the metrics and `eventspark status` show it; the loop logs it
+            batch = [d for d, dest in self.loaded.config.destinations.items() if dest.mode == "batch"]
+            record_pass_error(log_path, batch, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+            raise
+        record_pass(log_path, result, time.monotonic() - started)
+        record_samples(events_cache_for(self.loaded.config), result.samples)
         for (dest_id, table), pair in sorted(result.pairs.items()):
             level = logging.WARNING if pair.error else logging.INFO
             log.log(
@@ -70,8 +85,32 @@ class Uploader:
         return result
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.period):
+        # A pass every period, or as soon as another process asks for one (`ops.passes`).
+        requests = PassRequests(Path(self.loaded.config.log.path))
+        busy = False
+        try:
+            requests.recover()  # taken by a pass that never answered (the node stopped during it)
+        except OSError:
+            log.exception("putting back unanswered pass requests failed")
+        while requests.wait(self._stop, self.period, min_wait=1.0 if busy else 0.0):
             try:
-                self.run_once()
-            except Exception:  # a pass must never kill the uploader: log it, try again next period
+                busy = self._pass_for(requests)
+            except Exception:  # a pass, or a request file, must never kill the uploader
                 log.exception("batch pass failed")
+                busy = False
+
+    def _pass_for(self, requests: PassRequests) -> bool:
+        """One pass for the requests pending now (and the period); True when another process held
+        the batch lock (the requests go back)."""
+        taken, started = requests.take(), time.time()
+        requests.wait_rotated(taken, self.loaded.config.server.workers)
+        try:
+            result = self.run_once()
+        except Exception as exc:
+            requests.answer(taken, None, f"the batch pass failed: {type(exc).__name__}: {exc}", started)
+            raise
+        if result is None:  # asked again a second later
+            requests.release(taken)
+            return True
+        requests.answer(taken, result, started=started)
+        return False

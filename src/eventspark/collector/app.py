@@ -23,6 +23,7 @@ from eventspark.collector.http import (
     Send,
 )
 from eventspark.config.models import Config
+from eventspark.logconfig import REQUEST, REQUEST_ID_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class CollectorApp(Collector):
                 await self._lifespan(receive, send)
             return
         started = perf_counter()
+        REQUEST.set(scope)  # log lines of this request carry its id (eventspark.logconfig)
         name = scope["path"]
         methods = routes.ROUTES.get(name)
         if methods is None:
@@ -66,7 +68,10 @@ class CollectorApp(Collector):
         except Exception as exc:
             logger.exception("unexpected error on %s %s", scope["method"], scope["path"])
             response = HTTPError(500, "Internal server error", type(exc).__name__).response()
-        await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+        headers = response.headers
+        if REQUEST_ID_KEY in scope:  # something was logged: the client can quote the id of those lines
+            headers = [*headers, (b"x-request-id", scope[REQUEST_ID_KEY].encode())]
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
         self.latency[name].observe(perf_counter() - started)
 

@@ -29,6 +29,10 @@ from eventspark.collector.multiplex import Route, build_routes
 from eventspark.collector.proxies import TrustedProxies
 from eventspark.config.models import Config
 from eventspark.logs.incoming import IncomingLogs
+from eventspark.ops.cache import events_cache_for
+from eventspark.ops.metrics import Snapshots, process_snapshots
+from eventspark.ops.passes import RotationRequests
+from eventspark.ops.status import StatusReader
 from eventspark.steps.context import enrich_context, utc_timestamp
 from eventspark.stream.queue import queue_dir
 
@@ -64,10 +68,18 @@ class Collector:
         self.routes, self.spools = build_routes(config, self.tokens.tokens, self.logs, worker)
         self._routable = {token_id: route for token_id, route in self.routes.items() if route.has_destination}
         self.metrics = CollectorMetrics(self.routes, endpoints)
-        self.metrics.watch_queues(self.routes.values())
+        self.status = StatusReader(config)
+        """Queue depths and the like from the files under `log.path` (the gauges of `/prometheus`)."""
+        self.snapshots: Snapshots | None = None
+        """This process's metrics snapshots while open (`eventspark.ops.metrics`)."""
         # The dicts `metrics` renders, bound here for the hot path.
         self.accepted, self.latency = self.metrics.accepted, self.metrics.latency
         self.group_commit = GroupCommit() if config.server.fsync else None
+        self.events_cache = events_cache_for(config)
+        """The events cache (None: disabled); accepted events are recorded there as pending."""
+        self._cached_destinations = {
+            token_id: route.batch_destinations + route.stream_destinations for token_id, route in self.routes.items()
+        }
         self._rotation: asyncio.Task[None] | None = None
         self._open = False
 
@@ -79,6 +91,8 @@ class Collector:
             queue_dir(self.log_path, dest_id).mkdir(parents=True, exist_ok=True)
         if self.group_commit is not None:
             self.group_commit.start()
+        self.snapshots = process_snapshots(self.log_path)
+        self.snapshots.add_source(self.metrics.sample)
         self._open = True
 
     def close(self) -> list[Path]:
@@ -95,6 +109,10 @@ class Collector:
         for spool in self.spools.values():
             spool.close(sync=self.logs.fsync)
         rotated = self.logs.close()
+        if self.snapshots is not None:
+            self.snapshots.release(self.metrics.sample)  # its last counts stay in the node's sums
+        if self.events_cache is not None:
+            self.events_cache.close()
         logger.info("collector stopped; rotated %d incoming log(s)", len(rotated))
         return rotated
 
@@ -104,12 +122,15 @@ class Collector:
 
     async def _rotate_periodically(self) -> None:
         period = self.config.log.rotation_min * 60
+        # A pass request may ask every collector process to rotate now (`ops.passes`).
+        rotations = RotationRequests(self.log_path, self.worker)
         while True:
-            await asyncio.sleep(period)
+            asked = await rotations.wait(period)
             try:
                 self.logs.rotate()
             except OSError:
                 logger.exception("rotating incoming logs failed; retrying next period")
+            rotations.done(asked)
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -176,4 +197,6 @@ class Collector:
         ip, user_agent = sender(scope, headers, server_side, self.proxies)
         count = len(events)
         self.write(route, token, self.prepare(events, secret, ip, user_agent, server_side), count)
+        if self.events_cache is not None and count:  # a counter check; records go to a thread
+            self.events_cache.accepted(self._cached_destinations[token.id], token.id, events)
         return count > 0 and self.group_commit is not None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +10,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from eventspark.config import ConfigError, LoadedConfig, load_config
+from eventspark.config.models import ServerLogConfig
 from eventspark.destinations.base import DestinationError
+from eventspark.logconfig import configure
 
 err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines, for grep and logs
 out = Console(soft_wrap=True)
@@ -57,8 +58,7 @@ def require_drivers(loaded: LoadedConfig) -> None:
         raise typer.Exit(code=2)
 
 
-def setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def setup_logging(verbose: bool, settings: ServerLogConfig | None = None) -> None:
+    """The process's log: `server.log` of the config (text or JSON lines, level); DEBUG with -v."""
+    settings = settings or ServerLogConfig()
+    configure(settings.format, settings.level, verbose)

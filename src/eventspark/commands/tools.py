@@ -49,7 +49,7 @@ def dry_run(
     now = utc_timestamp()
     for event in events:  # as the s2s endpoint enriches them, from this machine
         enrich_context(event, token=secret, source_ip="127.0.0.1", user_agent=None, server_side=True, timestamp=now)
-    results = run(destination, dest, Path(cfg.log.path), cfg.geo.maxmind_path, events)
+    results = run(destination, dest, Path(cfg.log.path), cfg.geo.maxmind_path, events, cfg.server.max_columns)
     if as_json:
         document = {"destination_id": destination, "events": [r.to_dict() for r in results]}
         sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eventspark.logs.incoming import parse_log_name
+from eventspark.logs.replay import replay_destination
 
 
 def rotated_token(name: str) -> str | None:
@@ -16,7 +17,12 @@ def rotated_token(name: str) -> str | None:
 
 
 def rotated_logs(incoming_dir: Path) -> list[Path]:
-    """Rotated logs waiting in `incoming_dir`, by name (live logs and status files excluded)."""
+    """Rotated logs and replay logs (`logs.replay`) waiting in `incoming_dir`, by name (live logs
+    and status files excluded)."""
     if not incoming_dir.is_dir():
         return []
-    return sorted(p for p in incoming_dir.iterdir() if p.is_file() and rotated_token(p.name) is not None)
+    return sorted(
+        p
+        for p in incoming_dir.iterdir()
+        if p.is_file() and (rotated_token(p.name) is not None or replay_destination(p.name) is not None)
+    )

@@ -50,9 +50,15 @@ class DryRunResult:
 class DryRun:
     """One destination's chain, built as the stream workers and the batch executors build it."""
 
-    def __init__(self, dest_id: str, dest: Any, events_dir: Any, geo: GeoResolver | None, ua: UserAgentParser) -> None:
+    def __init__(
+        self, dest_id: str, dest: Any, events_dir: Any, geo: GeoResolver | None, ua: UserAgentParser, max_columns: int
+    ) -> None:
         entry = destination_type(dest.type)
         self.dialect = entry.dialect
+        # A warehouse table may not have more columns (`steps/diff.py` check_column_limit); the
+        # files family and the HTTP services have no tables to patch.
+        tables = entry.capabilities.delivery == "tables" and entry.capabilities.stage != "objects"
+        self.max_columns = (dest.data_layout.max_columns or max_columns) if tables else 0
         check_name = entry.dialect.quote
         if entry.capabilities.stage == "objects":  # the files family: the format decides the chain
             target = entry.build(dest_id, dest, events_dir).stage_target("dry-run")
@@ -82,6 +88,9 @@ class DryRun:
             ]
         except ValueError as exc:
             return DryRunResult("failed", result.table, error=str(exc))
+        if 0 < self.max_columns < len(fields):  # as a new table: fails whatever the other events
+            error = f"table {result.table!r} would have {len(fields)} columns, more than max_columns {self.max_columns}"
+            return DryRunResult("failed", result.table, error=error)
         return DryRunResult("ok", result.table, fields)
 
 
@@ -95,13 +104,19 @@ _lock = threading.Lock()
 
 
 def dry_run(
-    dest_id: str, dest: Any, events_dir: Any, geo_path: str | None, events: list[dict[str, Any]]
+    dest_id: str,
+    dest: Any,
+    events_dir: Any,
+    geo_path: str | None,
+    events: list[dict[str, Any]],
+    max_columns: int = 0,
 ) -> list[DryRunResult]:
     """The results of enriched `events` in destination `dest_id` (blocking: the first call opens
-    the GeoIP database and loads the UA parser's regexes; run it off an event loop)."""
+    the GeoIP database and loads the UA parser's regexes; run it off an event loop);
+    `max_columns`: `server.max_columns` (the destination's own `data_layout.max_columns` wins)."""
     with _lock:
         found = _lookups.get(geo_path)
         if found is None:
             found = _lookups[geo_path] = (GeoResolver.open(geo_path), UserAgentParser())
-        runner = DryRun(dest_id, dest, events_dir, *found)
+        runner = DryRun(dest_id, dest, events_dir, *found, max_columns)
         return [runner.run(event) for event in events]

@@ -20,13 +20,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from eventspark.destinations.base import DestinationError, TransientError
 from eventspark.destinations.registry import destination_type
 
 DEFAULT_TIMEOUT = 20.0
 MAX_TIMEOUT = 120.0
+DUCKDB_SUFFIXES = (".duckdb", ".ddb", ".db")
+"""The names a DuckDB file tested over HTTP may have (see `check_confined`)."""
 MAX_CONCURRENT = 4
 """Destination tests running at once in one process; more are refused (each may hold a thread
 until its drivers' own timeouts end it)."""
@@ -61,9 +63,11 @@ def probe_destination(
     dest_id: str, dest: Any, events_dir: Path, send_event: bool = False, confine: bool = False
 ) -> str:
     """Builds the adapter and runs its type's probe (blocking); what was checked, or
-    DestinationError. `confine`: local files (a DuckDB path) must be under `events_dir`, as for
-    configs that come over HTTP."""
+    DestinationError. `confine`, for configs that come over HTTP: the node's own files stay its
+    own (a DuckDB path under `events_dir` with a database's name, no key file path)."""
     entry = destination_type(dest.type)
+    if confine:
+        check_no_key_path(dest)
     adapter = entry.build(dest_id, dest, events_dir)
     if confine:
         check_confined(adapter, events_dir)
@@ -71,12 +75,47 @@ def probe_destination(
 
 
 def check_confined(adapter: Any, events_dir: Path) -> None:
-    """ValueError when the adapter's local file (`path`, if it has one) is outside `events_dir`."""
+    """ValueError when the adapter's local file (`path`: DuckDB's) is outside `events_dir` or is
+    not named like a database."""
     path = getattr(adapter, "path", None)
-    if isinstance(path, Path) and not path.resolve().is_relative_to(events_dir.resolve()):
+    if not isinstance(path, Path):
+        return
+    if not path.resolve().is_relative_to(events_dir.resolve()):
         raise ValueError(
             f"a destination tested over HTTP keeps its files under log.path ({events_dir}): use a relative path"
         )
+    # log.path also holds the node's logs: a database created under a rotated log's name
+    # (`incoming/incoming.tok=web-<time>.log`) would be read by the next batch pass as events.
+    if path.suffix.lower() not in DUCKDB_SUFFIXES:
+        raise ValueError(f"a DuckDB file tested over HTTP is named *{', *'.join(DUCKDB_SUFFIXES)}")
+
+
+def check_no_key_path(config: Any) -> None:
+    """ValueError when a block of the config has a `key_file` that is a path, or names an
+    endpoint without keys of its own: over HTTP the keys come in the body, so that a caller
+    cannot make the node send its own credentials (a key file, the environment's) to a host the
+    caller chose (Google's clients send a bearer token to the endpoint)."""
+    for block in _models(config):
+        key = getattr(block, "key_file", None)
+        if isinstance(key, str) and key.strip() and not key.strip().startswith("{"):
+            raise ValueError("a destination tested over HTTP gives key_file as the key's JSON, not as a path")
+        endpoint = any(getattr(block, name) for name in type(block).model_fields if name.endswith("endpoint"))
+        keyless = any(
+            name in type(block).model_fields and not getattr(block, name) for name in ("key_file", "access_key_id")
+        )
+        if endpoint and keyless:
+            raise ValueError("a destination tested over HTTP that names an endpoint gives its own keys")
+
+
+def _models(model: Any, depth: int = 0) -> list[Any]:
+    """`model` and the pydantic models in its fields, a few levels deep (the config's blocks)."""
+    found = [model]
+    if depth < 4:
+        for name in type(model).model_fields:
+            value = getattr(model, name, None)
+            if isinstance(value, BaseModel):
+                found += _models(value, depth + 1)
+    return found
 
 
 def run_bounded(work: Callable[[], T], timeout: float) -> T:

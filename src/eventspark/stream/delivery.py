@@ -6,7 +6,10 @@ and when an insert fails. Patching runs under the lock `<destination_id>_<table>
 table's version, like the batch load.
 
 Every value is converted to its column's type before the insert (`coerce`), so that a value that
-does not fit fails its own event with a reason naming the column. A failed insert is retried once
+does not fit fails its own event with a reason naming the column. Before a value fails that way,
+the table's schema is read again from the warehouse (at most once per table every
+`REFRESH_SECONDS`) and the rows are checked again: an operator may have changed the column's type
+by hand (`ALTER TABLE ... TYPE text`) behind the cache, as EventNative did. A failed insert is retried once
 with a fresh schema; if it fails again, the rows are split in halves and each half retried, down
 to single rows, so one poison event never fails its neighbours.
 
@@ -21,6 +24,7 @@ schema, no patching, no coordination.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +40,8 @@ log = logging.getLogger(__name__)
 
 REFUSED = (TerminalError, ColumnLimitError, ValueError)
 """What the warehouse (or the patch) refuses for these rows: retry once, then isolate."""
+REFRESH_SECONDS = 5.0
+"""The least time between two reads of a table's schema for values that do not fit the cached one."""
 
 _KIND: dict[DataType, type] = {
     DataType.BOOL: bool,
@@ -75,6 +81,8 @@ class TableDelivery:
         self.max_columns = max_columns
         self.lock_timeout = lock_timeout
         self._tables: dict[str, _Cached] = {}
+        self._refreshed: dict[str, float] = {}
+        """Table → when (monotonic) its schema was last read again for values that did not fit."""
 
     def deliver(self, table: str, rows: list[Row]) -> list[str | None]:
         """Loads `rows` (all for `table`); per row, None when delivered, else why it failed.
@@ -116,15 +124,31 @@ class TableDelivery:
         if not indices:
             return
         cached = self._target(table, [rows[i] for i in indices])
+        converted = {i: self._convert(cached, rows[i].values) for i in indices}
+        if any(error is not None for _, error in converted.values()) and self._may_refresh(table):
+            log.info("%s/%s: values do not fit the cached schema; reading it again", self.dest_id, table)
+            self.forget(table)
+            cached = self._target(table, [rows[i] for i in indices])
+            converted = {i: self._convert(cached, rows[i].values) for i in indices}
         good: list[dict[str, Any]] = []
         for i in indices:
-            error = self._convert(cached, rows[i].values)
+            changes, error = converted[i]
             errors[i] = error
             if error is None:
+                rows[i].values.update(changes)  # the stored values (the events cache shows them)
                 good.append(rows[i].values)
         if good:
             assert cached.table is not None
             self.adapter.insert(cached.table, good)
+
+    def _may_refresh(self, table: str) -> bool:
+        """Whether the schema may be read again for values that do not fit (bounded per table)."""
+        now = time.monotonic()
+        last = self._refreshed.get(table)
+        if last is not None and now - last < REFRESH_SECONDS:
+            return False
+        self._refreshed[table] = now
+        return True
 
     def _isolate(
         self, table: str, rows: list[Row], indices: list[int], errors: list[str | None], exc: Exception
@@ -177,17 +201,19 @@ class TableDelivery:
 
     # --- values ---------------------------------------------------------------------------------
 
-    def _convert(self, cached: _Cached, values: dict[str, Any]) -> str | None:
-        """Converts `values` in place to the types of their columns; the reason when one does not fit."""
+    def _convert(self, cached: _Cached, values: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """(the values converted to the types of their columns, None) or ({}, the reason when one
+        does not fit); `values` is left as it is, to be checked again against a fresh schema."""
         for key in self.primary_keys:
             if values.get(key) is None:
-                return f"primary key field {key!r} is missing"
+                return {}, f"primary key field {key!r} is missing"
         types = cached.types
+        changes: dict[str, Any] = {}
         for name, value in values.items():
             if value is None:
                 continue
             if name not in types:
-                return f"table {cached.table.name if cached.table else '?'!r} has no column {name!r}"
+                return {}, f"table {cached.table.name if cached.table else '?'!r} has no column {name!r}"
             target = types[name]
             if target is None:
                 continue  # json, uuid...: the warehouse casts the text
@@ -197,10 +223,10 @@ class TableDelivery:
             try:
                 converted = coerce(value, target)
             except ValueError as exc:
-                return f"column {name!r}: {exc}"
+                return {}, f"column {name!r}: {exc}"
             # Timestamps go as RFC 3339 in UTC: exact whatever the column's time zone handling.
-            values[name] = format_timestamp(converted) if target is DataType.TIMESTAMP else converted  # type: ignore[arg-type]
-        return None
+            changes[name] = format_timestamp(converted) if target is DataType.TIMESTAMP else converted  # type: ignore[arg-type]
+        return changes, None
 
 
 class EventDelivery:

@@ -17,6 +17,8 @@ from eventspark.config.models import Destination
 from eventspark.coordination import Coordination, build_coordination
 from eventspark.destinations import build_destination
 from eventspark.destinations.registry import destination_type
+from eventspark.ops.cache import events_cache_for
+from eventspark.ops.cache_results import StreamResults
 from eventspark.steps.chain import DestinationChain
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
 from eventspark.stream.archive import StreamArchive
@@ -85,7 +87,11 @@ class StreamWorkers:
         )
         archive = StreamArchive(events_dir / "archive", dest_id)
         failed_dir = events_dir / "failed"
-        return StreamWorker(dest_id, chain, reader, delivery, archive, failed_dir, self.settings_for(dest))
+        worker = StreamWorker(dest_id, chain, reader, delivery, archive, failed_dir, self.settings_for(dest))
+        cache = events_cache_for(self.config)
+        if cache is not None:
+            worker.cache = StreamResults(cache, dest_id, entry.dialect.column_type if tables else None)
+        return worker
 
     def settings_for(self, dest: Destination) -> StreamSettings:
         """The node's settings with the destination's minimum insert interval and rows: from its

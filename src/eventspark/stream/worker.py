@@ -35,6 +35,8 @@ import orjson
 from eventspark.coordination import CoordinationError
 from eventspark.destinations.base import PartlyDelivered, TransientError
 from eventspark.logs.failed import event_error_line, event_id_of, failed_log_path
+from eventspark.ops.cache_results import StreamResults
+from eventspark.ops.metrics import pipeline_metrics, record_stream_batch, record_stream_retry
 from eventspark.steps.chain import DestinationChain, Failure, Row
 from eventspark.stream.archive import StreamArchive
 from eventspark.stream.delivery import EventDelivery, TableDelivery
@@ -142,6 +144,8 @@ class StreamWorker:
         self._thread: threading.Thread | None = None
         self._held = HeldBatch()
         self._last_insert = time.monotonic()
+        self.cache: StreamResults | None = None
+        """Reports outcomes to the events cache (`eventspark.ops.cache_results`); None: disabled."""
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -231,6 +235,8 @@ class StreamWorker:
             result = self._run_chain(line)
             if result is None:
                 outcome.skipped += 1
+                if self.cache is not None:
+                    self.cache.skipped(line)
             elif isinstance(result, Failure):
                 outcome.failed.append((line, result.error))
             else:
@@ -246,6 +252,8 @@ class StreamWorker:
                     outcome.delivered.append(line)
                 else:
                     outcome.failed.append((line, error))
+        if self.cache is not None:
+            self.cache.record(batch.tables, outcome.delivered, outcome.failed)
         return outcome
 
     # --- held micro-batches (minimum insert interval) ---------------------------------------------
@@ -298,8 +306,10 @@ class StreamWorker:
         while True:
             try:
                 errors = self.delivery.deliver(table, rows if not decided else [rows[i] for i in pending])
+                pipeline_metrics().stream_insert(self.dest_id)
                 break
             except UNREACHABLE as exc:
+                record_stream_retry(self.failed_path.parent.parent, self.dest_id, f"{table}: {exc}")
                 wait = delay
                 if isinstance(exc, PartlyDelivered):  # retry only the events not decided yet
                     if not decided:
@@ -334,6 +344,9 @@ class StreamWorker:
         self.delivered += len(outcome.delivered)
         self.failed += len(outcome.failed)
         self.skipped += outcome.skipped
+        # `failed_path` is <log.path>/failed/failed.dst=<id>.log: the records go under <log.path>/state.
+        log_path = self.failed_path.parent.parent
+        record_stream_batch(log_path, self.dest_id, outcome.delivered, len(outcome.failed), outcome.skipped)
 
     def wait_idle(self, timeout: float) -> bool:
         """Waits until the queue is consumed (tests and benchmarks); False on timeout."""

@@ -1,4 +1,4 @@
-"""Liveness, cluster members and Prometheus metrics."""
+"""Liveness, cluster members, Prometheus metrics and the destinations' status."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from eventspark.collector.auth import check_admin
 from eventspark.collector.core import Collector
 from eventspark.collector.http import HTTPError, Request, Response, json_response
 from eventspark.collector.metrics import CONTENT_TYPE as METRICS_TYPE
+from eventspark.collector.metrics import render
 from eventspark.coordination.base import CoordinationError
 
 
@@ -30,11 +31,25 @@ async def prometheus(app: Collector, request: Request) -> Response:
     check_admin(request, app.admin_token)
     if not app.config.server.metrics.prometheus.enabled:
         raise HTTPError(404, "Prometheus metrics are disabled", "set server.metrics.prometheus.enabled: true")
-    return Response(200, app.metrics.render(), [(b"content-type", METRICS_TYPE)])
+    # Reads the snapshots and the logs' counts: off the event loop.
+    return Response(200, await asyncio.to_thread(_exposition, app), [(b"content-type", METRICS_TYPE)])
+
+
+def _exposition(app: Collector) -> bytes:
+    sample = app.snapshots.merged() if app.snapshots is not None else app.metrics.sample()
+    return render(sample, app.status.read())
+
+
+async def status(app: Collector, request: Request) -> Response:
+    """`eventspark status` as JSON: `{"destinations": [...]}` (see `eventspark.ops.status`)."""
+    check_admin(request, app.admin_token)
+    statuses = await asyncio.to_thread(app.status.read)
+    return json_response({"destinations": [s.to_json() for s in statuses]})
 
 
 ROUTES: Routes = {
     "/ping": {"GET": ping, "HEAD": ping},
     "/api/v1/cluster": {"GET": cluster},
     "/prometheus": {"GET": prometheus},
+    "/api/v1/status": {"GET": status},
 }

@@ -1,11 +1,13 @@
 """Setting up a destination: dry run, destination test, template evaluation.
 
 `POST /api/v1/events/dry-run?destination_id=X` (server secret): what the body's events would
-become in destination X, nothing written (`ops.dryrun`); EventNative's answer (v1.41: one
-`[{"field", "type", "value"}]` list per event) or, with `?format=full`, each event's table,
-status and fields. `POST /api/v1/destinations/test` (admin): a destination config proved by its
-type's probe (`ops.probe`). `POST /api/v1/templates/evaluate` (admin): a `table_name_template`
-on an object, EventNative's body and answer. docs/setup-tools.md has the details.
+become in destination X, nothing written (`ops.dryrun`): for a body that is one event, the
+spec's `[{"field", "type", "value"}]`; for several (an array or a template body), one such list
+per event (EventNative v1.41's list of lists, which `?format=lists` gives for any body); with
+`?format=full`, each event's table, status and fields. `POST /api/v1/destinations/test`
+(admin): a destination config proved by its type's probe (`ops.probe`).
+`POST /api/v1/templates/evaluate` (admin): a `table_name_template` on an object, EventNative's
+body and answer. docs/setup-tools.md has the details.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from eventspark.collector.api.common import Routes
 from eventspark.collector.auth import check_admin, request_token
-from eventspark.collector.body import parse_events, parse_failed, parse_json
+from eventspark.collector.body import events_of, parse_failed, parse_json
 from eventspark.collector.core import Collector
 from eventspark.collector.http import HTTPError, Request, Response, json_response, read_body, sender
 from eventspark.config.routing import takes_token
@@ -24,7 +26,9 @@ from eventspark.ops import dryrun, probe
 from eventspark.steps.context import enrich_context, utc_timestamp
 from eventspark.steps.template import TemplateEvalError, TemplateSyntaxError, compile_template
 
-DRY_RUN_FORMATS = ("eventnative", "full")
+DRY_RUN_FORMATS = ("eventnative", "lists", "full")
+"""`eventnative` (the default): the answer's shape follows the body's; `lists`: one field list
+per event whatever the body; `full`: each event's table, status, fields and error."""
 PROBE_DESTINATION_ID = "destination_test"
 """The id a tested config gets (it names nothing the node runs)."""
 
@@ -45,7 +49,7 @@ async def dry_run(app: Collector, request: Request) -> Response:
     answer = request.query_param("format") or "eventnative"
     if answer not in DRY_RUN_FORMATS:
         raise HTTPError(400, f"Unknown format {answer[:40]!r}", f"use one of {', '.join(DRY_RUN_FORMATS)}")
-    events = parse_events(await read_body(request.receive, request.headers, app.max_event_size))
+    events, one_object = _events(await read_body(request.receive, request.headers, app.max_event_size))
     if not 1 <= len(events) <= dryrun.MAX_EVENTS:
         raise parse_failed(f"a dry run takes 1 to {dryrun.MAX_EVENTS} events, got {len(events)}")
     ip, _ = sender(request.scope, request.headers, True, app.proxies)
@@ -54,7 +58,8 @@ async def dry_run(app: Collector, request: Request) -> Response:
         enrich_context(event, token=secret, source_ip=ip, user_agent=None, server_side=True, timestamp=now)
     geo = app.config.geo.maxmind_path
     try:
-        results = await asyncio.to_thread(dryrun.dry_run, dest_id, dest, app.log_path, geo, events)
+        limit = app.config.server.max_columns
+        results = await asyncio.to_thread(dryrun.dry_run, dest_id, dest, app.log_path, geo, events, limit)
     except Exception as exc:  # building the chain (a missing driver...): the destination's problem
         raise HTTPError(400, f"Error getting dry run response for destination with id=[{dest_id}]", str(exc)) from None
     if answer == "full":
@@ -62,7 +67,17 @@ async def dry_run(app: Collector, request: Request) -> Response:
     problem = next((r for r in results if r.status != "ok"), None)
     if problem is not None:  # EventNative answered a skipped or failed event with 400
         raise HTTPError(400, f"Error getting dry run response for destination with id=[{dest_id}]", problem.error)
-    return json_response([r.fields for r in results])
+    lists = [r.fields for r in results]
+    return json_response(lists[0] if one_object and answer == "eventnative" else lists)
+
+
+def _events(body: bytes) -> tuple[list[dict[str, Any]], bool]:
+    """The body's events, and whether the body is one event object (not an array, not a
+    template body): the spec answers one event with a flat field list."""
+    value = parse_json(body)
+    events = events_of(value)
+    # events_of gives a plain object back as it is, and new (merged) objects for a template body.
+    return events, len(events) == 1 and events[0] is value
 
 
 # --- destination test -----------------------------------------------------------------------------

@@ -141,10 +141,14 @@ def _probe_verdict(status: int, body: str) -> str | None:
     try:
         error = orjson.loads(body).get("error") or {}
     except (orjson.JSONDecodeError, AttributeError):
+        error = None
+    if not isinstance(error, dict):  # not the Graph API's error document
         return None if 200 <= status <= 299 else f"HTTP {status}"
     code, kind, message = error.get("code"), error.get("type"), error.get("message", "")
     if code == 190:
         return f"the access token is not valid: {message}"
     if code == 803 or (code == 100 and kind == "GraphMethodException"):
         return f"the pixel id is not valid: {message}"
+    if status >= 500 or status == 429:  # an outage or a rate limit proves nothing
+        return f"HTTP {status}: {message}"
     return None  # any other refusal is about the empty event list: token and pixel are fine

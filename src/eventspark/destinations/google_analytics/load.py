@@ -257,6 +257,8 @@ def _ua_verdict(status: int, body: str) -> str | None:
     try:
         results = orjson.loads(body)["hitParsingResult"]
     except (orjson.JSONDecodeError, KeyError, TypeError):
+        results = None
+    if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
         return "the validation server's answer is not the expected JSON"
     if all(result.get("valid") for result in results):
         return None
@@ -270,5 +272,7 @@ def _ga4_verdict(status: int, body: str) -> str | None:
     try:
         messages = orjson.loads(body).get("validationMessages", [])
     except (orjson.JSONDecodeError, AttributeError):
+        messages = None
+    if not isinstance(messages, list):
         return "the validation server's answer is not the expected JSON"
-    return "; ".join(str(m.get("description", m)) for m in messages) or None
+    return "; ".join(str(m.get("description", m) if isinstance(m, dict) else m) for m in messages) or None
