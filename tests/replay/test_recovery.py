@@ -1,7 +1,8 @@
 """What a replay or a pass request leaves behind when it is cut short, and how it is finished:
 requests a stopped uploader took, a replay interrupted by a busy queue, temporary replay logs of a
 crashed replay, the collector's cheap polling for rotation requests; and archives, whose events
-were loaded once already, replayed into a destination without key only when forced."""
+were loaded once already, replayed into a destination without key only when forced; and a pass
+asked over HTTP of a node with two collector processes loads the events of both."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
+import yaml
 
 from eventspark.config import load_config
 from eventspark.logs.failed import event_error_line
@@ -23,7 +26,10 @@ from eventspark.ops import replay_sinks
 from eventspark.ops.passes import PassRequests, RotationRequests, request_pass, request_state
 from eventspark.ops.replay import ReplayError, hand_over, plan_replay
 from eventspark.stream.queue import queue_dir
-from tests.replay.test_ops import config_file, events, pg_dest, write_failed
+from tests.collector import conftest as collector_fixtures
+from tests.replay.test_ops import ADMIN, config_file, events, ids_in, pg_dest, write_failed
+
+run_server = collector_fixtures.run_server
 
 
 def test_a_request_taken_by_a_stopped_uploader_is_put_back(tmp_path: Path) -> None:
@@ -141,3 +147,29 @@ def test_lines_a_writer_appends_after_the_move_are_replayed(tmp_path: Path, pg_d
     replay_log = log_path / "incoming" / record["destinations"]["pg"]["replay_log"]
     ids = [orjson.loads(line)["eventn_ctx"]["event_id"] for line in replay_log.read_bytes().splitlines()]
     assert ids == ["m-0", "m-1", "late-0", "late-1"]
+
+
+def test_batch_run_loads_the_events_of_every_worker_process(
+    run_server: Any, tmp_path: Path, pg_datasource: dict[str, Any], pg_schema: str
+) -> None:
+    config = orjson.loads(
+        orjson.dumps(yaml.safe_load(config_file(tmp_path, {"pg": pg_dest(pg_datasource, keyed=False)}).read_text()))
+    )
+    config["server"]["workers"] = 2
+    server = run_server(config)
+    live = [server.incoming / f"incoming.tok=web|w={n}.log" for n in range(2)]
+    sent: list[str] = []
+    deadline = time.monotonic() + 60
+    # New connections until both processes have accepted some (the kernel spreads them).
+    while not all(path.exists() and path.stat().st_size for path in live) or len(sent) < 10:
+        assert time.monotonic() < deadline, "one worker process got no event"
+        event = {"event_type": "t", "eventn_ctx": {"event_id": f"both-{len(sent)}"}}
+        answer = httpx.post(f"{server.url}/api/v1/s2s/event", params={"token": "s2s-ops"}, json=event, timeout=10)
+        assert answer.status_code == 200, answer.text
+        sent.append(event["eventn_ctx"]["event_id"])
+    answer = httpx.post(
+        f"{server.url}/api/v1/batch/run", headers={"X-Admin-Token": ADMIN}, params={"wait": 500}, timeout=600
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status"] == "ok", answer.text
+    assert ids_in(pg_schema) == sorted(sent)  # the other process rotated too (`RotationRequests`)
