@@ -156,3 +156,37 @@ def test_fsync_mode_answers_after_group_commit(run_server: Any) -> None:
     assert send(server.url, 20) == list(range(20))
     assert server.stop() == 0
     assert [e["n"] for e in logged(server.incoming)] == list(range(20))
+
+
+def test_workers_stop_when_the_serving_process_is_killed(run_server: Any) -> None:
+    # kill -9 of the parent must not leave workers taking events with nothing behind them.
+    server = run_server(config(server={"workers": 2}))
+    children = _children(server.process.pid)
+    assert len(children) == 2
+    server.process.kill()
+    server.process.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(pid) for pid in children):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in children)
+    assert port_is_free(int(server.url.rsplit(":", 1)[1]))
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -8,6 +8,7 @@ and share its listening socket and lock; worker n writes `incoming.tok=<id>|w=<n
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -27,6 +28,7 @@ from eventspark.logs.incoming import ServerLock, ServerLockHeld, rotate_live_fil
 logger = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_SECONDS = 30
+PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
 
 
 class Background(Protocol):
@@ -111,7 +113,9 @@ def _serve_workers(config: Config, background: Background | None) -> None:
     # fork: workers inherit the socket and the server lock; nothing runs threads yet.
     context = multiprocessing.get_context("fork")
     workers = [
-        context.Process(target=_worker_main, args=(config, n, sock, background), name=f"eventspark-worker-{n}")
+        context.Process(
+            target=_worker_main, args=(config, n, sock, background, os.getpid()), name=f"eventspark-worker-{n}"
+        )
         for n in range(config.server.workers)
     ]
     for process in workers:
@@ -141,11 +145,25 @@ def _serve_workers(config: Config, background: Background | None) -> None:
         raise SystemExit(1)
 
 
-def _worker_main(config: Config, worker: int, sock: socket.socket, background: Background | None) -> None:
+def _worker_main(config: Config, worker: int, sock: socket.socket, background: Background | None, parent: int) -> None:
     # The terminal's Ctrl-C reaches every worker directly; the parent forwards SIGTERM.
     # Workers answer /api/v1/cluster from the coordination store but run no background service.
+    _stop_with_parent(parent)
     instances = _InstancesOnly(background) if background is not None else None
     _serve(config, worker, sock, instances)
+
+
+def _stop_with_parent(parent: int) -> None:
+    """Asks Linux for a SIGTERM when the serving process dies (kill -9 included): a worker left
+    alone would keep taking events on the shared port with no uploader nor stream worker behind it.
+    It then shuts down gracefully, rotating what it wrote."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the parent's forwarding is all there is
+        return
+    if os.getppid() != parent:  # it died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class _InstancesOnly:
