@@ -9,8 +9,7 @@ import typer
 from rich.markup import escape
 
 from eventspark.commands import replay, status, tools
-from eventspark.commands.common import ConfigOption, err, out, setup_logging
-from eventspark.commands.common import load as _load
+from eventspark.commands.common import ConfigOption, err, load_logged, out
 
 app = typer.Typer(help="eventspark: self-hosted event collection on Apache Spark.", no_args_is_help=True)
 
@@ -27,7 +26,7 @@ def check(
 
     Exits 2 when the config cannot be used, 1 when it can but some keys have no effect (unknown,
     misspelt, or useless where they are) or, with --connect, a destination's test fails, 0 otherwise."""
-    loaded = _load(config)
+    loaded = load_logged(config)
     cfg = loaded.config
     out.print(f"config OK: {len(cfg.api_keys)} token(s), {len(cfg.destinations)} destination(s)")
     for dest_id, dest in cfg.destinations.items():
@@ -50,9 +49,7 @@ def serve(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Runs the collector, the batch uploader and the stream workers."""
-    setup_logging(verbose)
-    loaded = _load(config)
-    setup_logging(verbose, loaded.config.server.log)
+    loaded = load_logged(config, verbose)
     if loaded.generated_token is not None:
         out.print(f"no token configured; generated one: [bold]{loaded.generated_token.client_secret}[/]")
     from eventspark.collector.server import run_server
@@ -67,9 +64,7 @@ def process(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Rotates the incoming logs now, runs one batch pass and prints a summary; non-zero on failure."""
-    setup_logging(verbose)
-    loaded = _load(config)
-    setup_logging(verbose, loaded.config.server.log)
+    loaded = load_logged(config, verbose)
     from eventspark.batch.process import process_once
     from eventspark.ops.replay import node_serves
 

@@ -102,7 +102,7 @@ class JsonFormatter(logging.Formatter):
             "time": _utc(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": _message(record),
         }
         for key in ("request_id", "job_id"):
             value = getattr(record, key, None)
@@ -112,8 +112,22 @@ class JsonFormatter(logging.Formatter):
             data["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             data["stack"] = self.formatStack(record.stack_info)
-        # Messages may hold anything (bytes, objects): never let a log line raise.
-        return orjson.dumps(data, default=str).decode()
+        try:
+            return orjson.dumps(data).decode()
+        except TypeError:  # lone surrogates (from `surrogateescape`, JSON's "\ud800"): escaped, not lost
+            return orjson.dumps({k: _escaped(v) for k, v in data.items()}).decode()
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's message; a call whose arguments do not fit its format still gives a line."""
+    try:
+        return record.getMessage()
+    except Exception as exc:
+        return f"{record.msg!r} % {record.args!r} (the log call failed: {type(exc).__name__}: {exc})"
+
+
+def _escaped(value: Any) -> Any:
+    return value.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(value, str) else value
 
 
 def _utc(created: float) -> str:

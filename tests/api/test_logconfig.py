@@ -12,12 +12,15 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from typer.testing import CliRunner
 
+from eventspark import cli
 from eventspark.collector import routes
 from eventspark.collector.app import CollectorApp
 from eventspark.collector.http import Request, Response
 from eventspark.config.models import Config
-from eventspark.logconfig import JOB_ID, configure, job
+from eventspark.logconfig import JOB_ID, JsonFormatter, configure, job
+from tests.batch.helpers import duckdb_destination, make_config
 from tests.collector.conftest import start_server
 
 log = logging.getLogger("eventspark.tests.logconfig")
@@ -60,6 +63,21 @@ def test_lines_inside_a_job_carry_its_id_and_exceptions_their_traceback(json_log
     assert "job_id" not in after and JOB_ID.get() is None
 
 
+def test_every_line_is_json_even_for_lone_surrogates_and_bad_log_calls(json_logs: Any) -> None:
+    log.warning("value %s", "a\ud800b é \x00")
+    try:
+        raise ValueError("\udcff boom")
+    except ValueError:
+        log.exception("failed on %s", "ü")
+    surrogate, failed = json_logs()  # each a JSON object: none went missing
+    assert surrogate["message"] == "value a\\ud800b é \x00"
+    assert failed["message"] == "failed on ü" and "ValueError: \\udcff boom" in failed["exception"]
+    # Straight to the formatter: pytest's own capture handler raises on a bad call before ours runs.
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "count %d", ("not a number",), None)
+    bad_call = orjson.loads(JsonFormatter().format(record))
+    assert "'count %d' % ('not a number',)" in bad_call["message"] and "TypeError" in bad_call["message"]
+
+
 def test_text_stays_the_default() -> None:
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
@@ -68,6 +86,23 @@ def test_text_stays_the_default() -> None:
         configure(stream=buffer)
         log.info("plain")
         assert buffer.getvalue().strip().endswith("INFO eventspark.tests.logconfig: plain")
+    finally:
+        root.handlers[:], root.level = handlers, level
+
+
+@pytest.mark.parametrize("command", [["check"], ["status"], ["dry-run", "-d", "dd", "--file", "event.json"]])
+def test_commands_log_as_the_config_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
+    make_config(
+        tmp_path, {"dd": duckdb_destination(template="t")}, server={"log": {"format": "json", "level": "error"}}
+    )
+    (tmp_path / "event.json").write_bytes(b'{"a": 1}')
+    monkeypatch.chdir(tmp_path)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        done = CliRunner().invoke(cli.app, [*command, "-c", str(tmp_path / "eventspark.yaml")])
+        assert done.exit_code == 0, done.output
+        assert [type(h.formatter) for h in root.handlers] == [JsonFormatter] and root.level == logging.ERROR
     finally:
         root.handlers[:], root.level = handlers, level
 

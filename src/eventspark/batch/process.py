@@ -11,6 +11,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,9 @@ from eventspark.coordination import Coordination, build_coordination
 from eventspark.logconfig import in_job
 from eventspark.logs.incoming import rotate_incoming_logs
 from eventspark.logs.rotated import rotated_logs
+from eventspark.ops.cache import events_cache_for
+from eventspark.ops.cache_results import record_samples
+from eventspark.ops.metrics import Snapshots, pipeline_metrics, process_snapshots, record_pass, record_pass_error
 from eventspark.progress import spark_tasks
 
 log = logging.getLogger(__name__)
@@ -88,7 +92,7 @@ def process_once(loaded: LoadedConfig, console: Console, keep_session: bool = Fa
     coordination = build_coordination(config.coordination, config.server.name)
     try:
         with spark_tasks("batch pass"):  # a bar on a terminal, log lines otherwise
-            result = run_pass(loaded, coordination)
+            result = run_recorded(loaded, coordination)
     except PassBusy as exc:
         console.print(f"[red]{exc}[/]")
         return False
@@ -102,6 +106,53 @@ def process_once(loaded: LoadedConfig, console: Console, keep_session: bool = Fa
             stop_session()
     print_summary(result, console)
     return result.ok
+
+
+def run_recorded(loaded: LoadedConfig, coordination: Coordination) -> JobResult:
+    """`run_pass`, recorded as the serve-side uploader records its passes (`batch/uploader.py`
+    `run_once`): each destination's last load and error (`eventspark status`), the pass's counters
+    (`/prometheus`, through this process's snapshot file) and the events cache's sample."""
+    config = loaded.config
+    log_path, started = Path(config.log.path), time.monotonic()
+    snapshots = _publish_counters(log_path)
+    try:
+        result = run_pass(loaded, coordination)
+    except PassBusy:
+        raise
+    except Exception as exc:
+        batch = [dest_id for dest_id, dest in config.destinations.items() if dest.mode == "batch"]
+        record_pass_error(log_path, batch, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+        snapshots.write()  # now: this process may exit right after the pass
+        raise
+    record_pass(log_path, result, time.monotonic() - started)
+    snapshots.write()
+    _record_samples(loaded, result)
+    return result
+
+
+def _publish_counters(log_path: Path) -> Snapshots:
+    """This process's pipeline counters go to its snapshot under `log_path` (`ops.metrics`), which
+    a serving node adds to `/prometheus` (and keeps in `retired.json` once this process ended).
+    A node registers its own; a process whose snapshots are already written (a node, a collector
+    in this process) is left as it is, so nothing is counted twice."""
+    snapshots = process_snapshots(log_path)
+    if not snapshots.running:
+        pipeline = pipeline_metrics()
+        snapshots.add_source(pipeline.sample, pipeline.states.flush)
+    return snapshots
+
+
+def _record_samples(loaded: LoadedConfig, result: JobResult) -> None:
+    """The pass's sample into the events cache, when its store outlives this process (SQLite with
+    `server.workers > 1`, Redis): a memory store here would be seen by nobody."""
+    cache = events_cache_for(loaded.config)
+    if cache is None or cache.local or not result.samples:
+        return
+    try:
+        record_samples(cache, result.samples)
+    finally:
+        cache.close()  # writes them now and stops its thread
+        cache.store.close()  # reopened on next use
 
 
 def _first_line(exc: BaseException) -> str:

@@ -62,3 +62,12 @@ def setup_logging(verbose: bool, settings: ServerLogConfig | None = None) -> Non
     """The process's log: `server.log` of the config (text or JSON lines, level); DEBUG with -v."""
     settings = settings or ServerLogConfig()
     configure(settings.format, settings.level, verbose)
+
+
+def load_logged(path: Path | None, verbose: bool = False) -> LoadedConfig:
+    """`load` with the process's log set up: first the defaults (for the config's own errors),
+    then the config's `server.log`. Every command that reads a config starts with this."""
+    setup_logging(verbose)
+    loaded = load(path)
+    setup_logging(verbose, loaded.config.server.log)
+    return loaded

@@ -14,8 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from eventspark.commands.common import ConfigOption, err, out
-from eventspark.commands.common import load as _load
+from eventspark.commands.common import ConfigOption, err, load_logged, out
 from eventspark.config import LoadedConfig
 
 WAIT_SECONDS = 600.0
@@ -37,7 +36,7 @@ def failed(
     """Lists the failed-event files with their counts and their most frequent reasons."""
     from eventspark.ops.fallback import failed_files, reasons
 
-    loaded = _load(config)
+    loaded = load_logged(config)
     files = failed_files(Path(loaded.config.log.path), {destination} if destination else None, replayed=all_files)
     if not files:
         out.print("no failed events", highlight=False)
@@ -78,7 +77,7 @@ def replay(
     """Replays failed files or archived logs through the pipeline again, then loads them."""
     from eventspark.ops.replay import ReplayError, count_events, hand_over, needs_batch_pass, plan_replay
 
-    loaded = _load(config)
+    loaded = load_logged(config)
     plans = []
     try:
         for name in files:

@@ -11,8 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from eventspark.commands.common import ConfigOption, out
-from eventspark.commands.common import load as _load
+from eventspark.commands.common import ConfigOption, load_logged, out
 from eventspark.ops.status import UNLIMITED, DestinationStatus, StatusReader
 
 ERROR_CHARS = 120
@@ -31,7 +30,7 @@ def status(
     """Per destination: events waiting (queue depth, rotated logs), the oldest one's age, failed
     events, the last load and the last error. Reads the files under log.path: works whether a
     node serves them or not."""
-    loaded = _load(config)
+    loaded = load_logged(config)
     # One read: counting everything costs about a second per GB of backlog, never an estimate.
     statuses = StatusReader(loaded.config, budget=UNLIMITED).read()
     if not statuses and not as_json:

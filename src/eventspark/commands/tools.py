@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from eventspark.commands.common import ConfigOption, err, load, out
+from eventspark.commands.common import ConfigOption, err, load_logged, out
 
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 
@@ -36,7 +36,7 @@ def dry_run(
     destination: table, columns, types and values; nothing is written.
 
     Exits 0 when every event would be stored or skipped, 1 when one would fail, 2 on bad input."""
-    loaded = load(config)
+    loaded = load_logged(config)
     cfg = loaded.config
     dest = cfg.destinations.get(destination)
     if dest is None:

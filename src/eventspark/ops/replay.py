@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import gzip
+import logging
 import os
 import re
 import time
@@ -63,6 +64,8 @@ _STREAM_ARCHIVE_NAME = re.compile(
     r"^streaming-archive\.dst=(?P<dst>.+?)(?:-\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d{3})?\.log$"
 )
 """`stream.archive`'s names, live and rotated."""
+
+log = logging.getLogger(__name__)
 
 
 class ReplayError(Exception):
@@ -456,18 +459,23 @@ def run_batch_pass(loaded: LoadedConfig, wait: float, reason: str) -> tuple[str 
 
 def run_local_pass(loaded: LoadedConfig) -> dict[str, Any]:
     """One batch pass in this process (like `eventspark process`), as a pass answer."""
-    from eventspark.batch.process import PassBusy, run_pass
+    from eventspark.batch.process import PassBusy, run_recorded
     from eventspark.batch.session import stop_session
     from eventspark.coordination import build_coordination
     from eventspark.ops.passes import summary_of
+    from eventspark.progress import spark_tasks
 
     config = loaded.config
     coordination = build_coordination(config.coordination, config.server.name)
     started = time.time()
     try:
-        result = run_pass(loaded, coordination)
+        with spark_tasks("replay pass"):
+            result = run_recorded(loaded, coordination)
     except PassBusy as exc:
         return {"status": "failed", "error": str(exc), "pairs": []}
+    except Exception as exc:  # a failed Spark job: the replay logs stay for the next pass
+        log.exception("the replay's batch pass failed")
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "pairs": []}
     finally:
         coordination.close()
         stop_session()

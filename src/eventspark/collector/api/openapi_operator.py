@@ -102,7 +102,7 @@ def _replay() -> Schema:
             "pass": {"anyOf": [PENDING, PASS_SUMMARY]},
         },
     }
-    answers = responses(ok_json("Replayed (and loaded, for batch destinations)", answer), 400, 401, 404, 409, 413)
+    answers = responses(ok_json("Replayed (and loaded, for batch destinations)", answer), 400, 401, 404, 409, 413, 503)
     answers["202"] = ok_json("Handed to the pipeline; the batch pass is still running (`pass.poll`)", answer)
     return operation(
         "postReplay",
@@ -172,10 +172,21 @@ def _cache() -> Schema:
 
 
 def _status() -> Schema:
+    count = {"type": "integer", "minimum": 0}
+    seconds = {"type": ["number", "null"], "description": "seconds (ages) or unix seconds (times); null: none"}
+    numbers = ("queue_events", "live_events", "pending_logs", "pending_log_events", "failed_events", "last_load_events")
+    times = ("oldest_pending_age", "last_load_at", "last_event_age", "last_error_at")
     destination = {
         "type": "object",
-        "required": ["destination", "mode"],
-        "properties": {"destination": {"type": "string"}, "mode": {"enum": ["batch", "stream"]}},
+        "required": ["destination", "mode", *numbers, *times, "last_error", "exact"],
+        "properties": {
+            "destination": {"type": "string"},
+            "mode": {"enum": ["batch", "stream"]},
+            **dict.fromkeys(numbers, count),
+            **dict.fromkeys(times, seconds),
+            "last_error": {"type": "string"},
+            "exact": {"type": "boolean", "description": "false when part of a count is an estimate"},
+        },
     }
     answer = {
         "type": "object",
@@ -195,8 +206,10 @@ def _tool_paths() -> dict[str, Schema]:
     dest = query("destination_id", "the destination to dry-run the events for", required=True)
     answer_format = query(
         "format",
-        "`eventnative` (default): a field list per event; `full`: table and status too",
-        {"enum": ["eventnative", "full"]},
+        "`eventnative` (default): the shape follows the body: one event object → a flat field list, "
+        "an array or template body → a field list per event; `lists`: a field list per event for any body; "
+        "`full`: table, status and error per event",
+        {"enum": ["eventnative", "lists", "full"]},
     )
     full = {
         "type": "object",
@@ -218,8 +231,8 @@ def _tool_paths() -> dict[str, Schema]:
             },
         },
     }
-    one = {"type": "array", "items": ref("Field"), "description": "a body that is one event object"}
-    per_event = {"type": "array", "items": one, "description": "an array or template body: a list per event"}
+    flat = {"type": "array", "items": ref("Field"), "description": "a body that is one event object"}
+    fields = {"type": "array", "items": flat, "description": "an array or template body, or `lists`: a list per event"}
     destination = {"type": "object", "required": ["type"], "properties": {"type": {"type": "string"}}}
     checked = {
         "type": "object",
@@ -233,7 +246,7 @@ def _tool_paths() -> dict[str, Schema]:
                 "What the events would become in a destination, without writing",
                 "tools",
                 SERVER,
-                responses(ok_json("Fields as stored", {"anyOf": [one, per_event, full]}), 400, 401, 403, 404, 413),
+                responses(ok_json("Fields as stored", {"anyOf": [flat, fields, full]}), 400, 401, 403, 404, 413),
                 parameters=[dest, answer_format],
                 body=json_body(ref("EventBody")),
                 description="A skipped or failed event answers 400 with the reason (EventNative's behaviour) "
