@@ -18,6 +18,7 @@ from eventspark.config import LoadedConfig
 from eventspark.config.models import CoordinationConfig
 from eventspark.coordination import Coordination, CoordinationError, build_coordination
 from eventspark.coordination.base import DEFAULT_HEARTBEAT_TTL
+from eventspark.ops.cache import events_cache_for
 from eventspark.ops.metrics import PipelineMetrics, Snapshots, pipeline_metrics, process_snapshots
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class NodeServices:
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self.log_path = Path(config.log.path)
+        self._config = config
         self.pipeline: PipelineMetrics | None = None
         self.snapshots: Snapshots | None = None
 
@@ -75,6 +77,9 @@ class NodeServices:
             self._heartbeat.join(timeout=5)
         if self.snapshots is not None and self.pipeline is not None:
             self.snapshots.release(self.pipeline.sample, self.pipeline.states.flush)
+        cache = events_cache_for(self._config)
+        if cache is not None:  # the last results of the stream workers, written before exiting
+            cache.close()
         self.coordination.close()
 
     def instances(self) -> list[str]:

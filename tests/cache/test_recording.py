@@ -15,8 +15,10 @@ from eventspark.config.models import Config, RedisConfig
 from eventspark.destinations.registry import destination_type
 from eventspark.ops import cache as cache_module
 from eventspark.ops.cache import (
+    MAX_EVENT_ID_CHARS,
     MAX_FIELDS,
     MAX_ORIGINAL_BYTES,
+    MAX_RECORD_CHARS,
     MAX_VALUE_CHARS,
     EventsCache,
     Outcome,
@@ -105,9 +107,16 @@ def test_entries_are_bounded_in_size() -> None:
     cache = memory_cache()
     huge = event(1, blob="x" * MAX_ORIGINAL_BYTES)
     cache.accepted(("pg",), "web", [huge])
-    many = {f"f{i}": "y" * (MAX_VALUE_CHARS + 10) for i in range(MAX_FIELDS + 5)}
+    many = {f"f{i}": i for i in range(MAX_FIELDS + 5)}
     row = Row("events", many, {})
-    cache.results("pg", [Outcome("e2", orjson.dumps(event(2)), "success", success=lambda: record_of(row, None))])
+    long = Row("events", {f"f{i}": "y" * (MAX_VALUE_CHARS + 10) for i in range(MAX_FIELDS)}, {})
+    cache.results(
+        "pg",
+        [
+            Outcome("e2", orjson.dumps(event(2)), "success", success=lambda: record_of(row, None)),
+            Outcome("e3", orjson.dumps(event(3)), "success", success=lambda: record_of(long, None)),
+        ],
+    )
     cache.flush()
     found = {e.event_id: e for e in cache.query(["pg"])[1]}
     assert found["e1"].original["_truncated"] is True
@@ -115,7 +124,44 @@ def test_entries_are_bounded_in_size() -> None:
     assert len(found["e1"].body()) < 4 * 1024
     record = found["e2"].success["record"]  # type: ignore[index]
     assert len(record) == MAX_FIELDS + 1 and record[-1]["field"] == "_truncated"
-    assert len(record[0]["value"]) < MAX_VALUE_CHARS + 20
+    long_record = found["e3"].success["record"]  # type: ignore[index]
+    assert len(long_record[0]["value"]) < MAX_VALUE_CHARS + 20 and long_record[-1]["field"] == "_truncated"
+    assert sum(len(str(f["value"])) for f in long_record) < MAX_RECORD_CHARS + MAX_VALUE_CHARS + 100
+
+
+def test_event_ids_are_bounded_in_keys() -> None:
+    # The client chooses event ids: a megabyte of id must not become a Redis or SQLite key.
+    cache = memory_cache(size=10)
+    long_a, long_b = "a" * 100_000 + "1", "a" * 100_000 + "2"
+    cache.accepted(("pg",), "web", [event(0, eventn_ctx={"event_id": long_a})])
+    results = StreamResults(cache, "pg", None)
+    row = Row("events", {"eventn_ctx_event_id": long_b}, {})
+    line = orjson.dumps(event(0, eventn_ctx={"event_id": long_b}))
+    results.record({"events": [(row, line)]}, [line], [])
+    cache.flush()
+    found = cache.query(["pg"])[1]
+    assert len(found) == 2 and len({e.event_id for e in found}) == 2
+    assert all(len(e.event_id) <= MAX_EVENT_ID_CHARS for e in found)
+    assert {e.status for e in found} == {"pending", "success"}
+
+
+def test_a_big_micro_batch_makes_few_outcomes() -> None:
+    # A micro-batch of 1000 delivered events: the entries known (pending) are updated, at most
+    # `size` others are offered, and the worker's thread only hands references over.
+    cache = memory_cache(size=5)
+    cache.accepted(("pg",), "web", [event(n) for n in range(3)])
+    cache.close()  # written; and no thread drains the queue meanwhile:
+    cache._pid = os.getpid()
+    results = StreamResults(cache, "pg", None)
+    lines = [orjson.dumps(event(n)) for n in range(1000)]
+    rows = [(Row("events", {"eventn_ctx_event_id": f"e{n}"}, {}), line) for n, line in enumerate(lines)]
+    results.record({"events": rows}, lines, [])
+    ((kind, _dest, make, _stamp),) = cache._queue
+    assert kind == "results" and callable(make)
+    outcomes = make()
+    assert len(outcomes) == 3 + 5 and {o.event_id for o in outcomes[:3]} == {"e0", "e1", "e2"}
+    cache.flush()
+    assert set(statuses(cache, "pg").values()) == {"success"} and len(statuses(cache, "pg")) == 5
 
 
 def test_a_full_hand_off_queue_drops_records(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,3 +273,13 @@ def test_an_unreachable_store_loses_records_not_events() -> None:
     assert cache.dropped == 1 and not cache._queue
     with pytest.raises(redis.ConnectionError):
         cache.query(["pg"])
+
+
+def test_close_stops_the_thread_and_writes_what_is_left() -> None:
+    cache = memory_cache()
+    cache.accepted(("pg",), "web", [event(1)])
+    thread = cache._thread
+    assert thread is not None and thread.is_alive()
+    cache.close()
+    assert not thread.is_alive()
+    assert statuses(cache, "pg") == {"e1": "pending"}

@@ -3,7 +3,7 @@
 EventNative's `server.cache`. The collector records each accepted event as `pending` for every
 destination of its token; the stream workers turn entries into `success` (the table and the
 stored row's fields, types and values), `failed` (the reason) or `skipped`; the batch job records
-a sample of its results after each pass (`eventspark.ops.cache_batch`). `GET /api/v1/events/cache`
+a sample of its results after each pass (`eventspark.ops.cache_results`). `GET /api/v1/events/cache`
 reads it back (`EventsCache.query`).
 
 Recording costs the request path almost nothing: a per-destination rate limit (EventNative's: at
@@ -24,6 +24,7 @@ is unreachable or its hand-off queue is full.
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import math
 import os
@@ -53,7 +54,11 @@ MAX_FIELDS = 300
 """The most fields of a stored record kept in an entry."""
 MAX_VALUE_CHARS = 2048
 """A longer string value of a stored record is cut (and marked) in the entry."""
+MAX_RECORD_CHARS = 64 * 1024
+"""Characters of the values of one stored record; the fields after them are left out (marked)."""
 MAX_ERROR_CHARS = 4096
+MAX_EVENT_ID_CHARS = 200
+"""A longer event id (the client chooses it) is cut and suffixed with its hash in an entry's key."""
 FLUSH_SECONDS = 0.1
 """How often the background thread writes what was recorded."""
 MAX_QUEUED = 10_000
@@ -230,9 +235,10 @@ class EventsCache:
         else:
             self._quiet[token_id] = self._accepted_limit.window_end(destination_ids)
 
-    def results(self, destination_id: str, outcomes: list[Outcome]) -> None:
+    def results(self, destination_id: str, outcomes: list[Outcome] | Callable[[], list[Outcome]]) -> None:
         """Results of a destination: an entry already there is updated; the others are recorded
-        as new entries within the rate limit (the collector did not record them)."""
+        as new entries within the rate limit (the collector did not record them). `outcomes` may
+        be a function that makes them: called on the cache's thread, not the caller's."""
         if outcomes:
             self._hand_off(("results", destination_id, outcomes, time.time()))
 
@@ -294,7 +300,9 @@ class EventsCache:
             if item[0] == "results":
                 self._write_results(*item[1:])
 
-    def _write_results(self, dest_id: str, outcomes: list[Outcome], stamp: float) -> None:
+    def _write_results(self, dest_id: str, outcomes: list[Outcome] | Callable[[], list[Outcome]], stamp: float) -> None:
+        if callable(outcomes):
+            outcomes = outcomes()
         for outcome in outcomes:
             if not outcome.event_id:
                 outcome.original = _parsed(outcome.original)
@@ -389,27 +397,38 @@ def bounded_line(line: bytes) -> Any:
 
 
 def event_id_of(event: Any) -> str:
-    """`eventn_ctx.event_id`, else the flat `eventn_ctx_event_id`, else ''."""
+    """`eventn_ctx.event_id`, else the flat `eventn_ctx_event_id`, else '' (`bounded_id`)."""
     if not isinstance(event, dict):
         return ""
     ctx = event.get("eventn_ctx")
     found = ctx.get("event_id") if isinstance(ctx, dict) else None
     if found is None:
         found = event.get(EVENT_ID_FIELD)
-    return "" if found is None else str(found)
+    return "" if found is None else bounded_id(str(found))
+
+
+def bounded_id(event_id: str) -> str:
+    """The event id as an entry's key: a client may send a megabyte of id; a long one is cut and
+    made unique again by its hash (the event's own id stays in `original`)."""
+    if len(event_id) <= MAX_EVENT_ID_CHARS:
+        return event_id
+    digest = hashlib.blake2b(event_id.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    return f"{event_id[: MAX_EVENT_ID_CHARS - 18]}…{digest}"
 
 
 def stored_record(table: str, fields: Iterable[tuple[str, str, Any]]) -> dict[str, Any]:
     """`{"table", "record": [{"field", "type", "value"}]}`, bounded in fields and value sizes."""
     record: list[dict[str, Any]] = []
+    left = MAX_RECORD_CHARS
     for name, sql_type, value in fields:
-        if len(record) >= MAX_FIELDS:
-            record.append({"field": "_truncated", "type": "", "value": f"more than {MAX_FIELDS} fields"})
+        if len(record) >= MAX_FIELDS or left <= 0:
+            record.append({"field": "_truncated", "type": "", "value": f"more than {len(record)} fields"})
             break
         if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
             value = value[:MAX_VALUE_CHARS] + "…[truncated]"
         elif not isinstance(value, str | int | float | bool | type(None)):
             value = str(value)[:MAX_VALUE_CHARS]
+        left -= len(name) + (len(value) if isinstance(value, str) else 8)
         record.append({"field": name, "type": sql_type, "value": value})
     return {"table": table, "record": record}
 

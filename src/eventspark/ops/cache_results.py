@@ -2,7 +2,8 @@
 
 Stream: `StreamResults` turns each micro-batch's outcome into entries `success` (the table and the
 stored row's fields, SQL types and values), `failed` (the reason) or `skipped`. The worker thread
-only collects references; records are built on the cache's thread, for the events it keeps.
+only hands over references (about 2 µs per micro-batch); the outcomes are made on the cache's
+thread, and the stored records only for the events it keeps.
 
 Batch: a sample. Each Spark task samples the first `SAMPLE_LINES` lines of each split it reads
 (`sample_row`: one summary row per line and destination, a few hundred bytes), the driver
@@ -14,14 +15,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import orjson
 
-from eventspark.ops.cache import EventsCache, Outcome, event_id_of, stored_record
+from eventspark.ops.cache import EventsCache, Outcome, bounded_id, event_id_of, stored_record
 from eventspark.steps.chain import Failure, Row
 from eventspark.steps.typing import DataType, Field, field_for
 
+MAX_SKIPPED = 1000
+"""Skipped lines one micro-batch reports at most (a batch read again after a retry adds no more)."""
 SAMPLE_LINES = 5
 """Lines of each split a Spark task samples for the events cache."""
 ORDER_COLUMN_PREFIX = "_eventspark"
@@ -56,26 +60,50 @@ class StreamResults:
         self._skipped: list[bytes] = []
 
     def skipped(self, line: bytes) -> None:
-        self._skipped.append(line)
+        if len(self._skipped) < MAX_SKIPPED:
+            self._skipped.append(line)
 
     def record(self, tables: Mapping[str, list[tuple[Row, bytes]]], delivered: list[bytes], failed: list[Any]) -> None:
-        """`delivered`: the lines stored; `failed`: (line, reason) pairs. References only: the
-        entries are built by the cache's thread."""
-        rows = {id(line): row for items in tables.values() for row, line in items}
-        outcomes = [self._stored(line, rows.get(id(line))) for line in delivered]
-        outcomes += [Outcome("", line, "failed", error=error) for line, error in failed]
-        outcomes += [Outcome("", line, "skipped") for line in self._skipped]
-        self._skipped = []
-        self.cache.results(self.dest_id, outcomes)
+        """`delivered`: the lines stored; `failed`: (line, reason) pairs. References only (none of
+        them changes afterwards): the outcomes are made on the cache's thread."""
+        skipped, self._skipped = self._skipped, []
+        if delivered or failed or skipped:
+            self.cache.results(self.dest_id, lambda: self._outcomes(tables, delivered, failed, skipped))
 
-    def _stored(self, line: bytes, row: Row | None) -> Outcome:
-        if row is None:
-            return Outcome("", line, "success")
-        found = row.values.get("eventn_ctx_event_id")
-        column_type = self.column_type
-        return Outcome(
-            "" if found is None else str(found), line, "success", success=lambda: record_of(row, column_type)
-        )
+    def _outcomes(
+        self,
+        tables: Mapping[str, list[tuple[Row, bytes]]],
+        delivered: list[bytes],
+        failed: list[Any],
+        skipped: list[bytes],
+    ) -> list[Outcome]:
+        outcomes = self._stored(tables, delivered)
+        outcomes += [Outcome("", line, "failed", error=error) for line, error in failed]
+        outcomes += [Outcome("", line, "skipped") for line in skipped]
+        return outcomes
+
+    def _stored(self, tables: Mapping[str, list[tuple[Row, bytes]]], delivered: list[bytes]) -> list[Outcome]:
+        """Outcomes of the delivered events the cache may keep: those it has an entry for, and at
+        most `size` others (its rate limit takes no more), not one per event of a big batch."""
+        rows = {id(line): row for items in tables.values() for row, line in items}
+        found = [(line, row, _row_id(row)) for line in delivered for row in (rows.get(id(line)),)]
+        known = self.cache.store.existing(self.dest_id, [event_id for _, _, event_id in found if event_id])
+        fresh, column_type, outcomes = self.cache.size, self.column_type, []
+        for line, row, event_id in found:
+            if event_id not in known:
+                if fresh <= 0:
+                    continue
+                fresh -= 1
+            if row is None:
+                outcomes.append(Outcome("", line, "success"))
+            else:
+                outcomes.append(Outcome(event_id, line, "success", success=partial(record_of, row, column_type)))
+        return outcomes
+
+
+def _row_id(row: Row | None) -> str:
+    found = row.values.get("eventn_ctx_event_id") if row is not None else None
+    return "" if found is None else bounded_id(str(found))
 
 
 # --- batch ----------------------------------------------------------------------------------------

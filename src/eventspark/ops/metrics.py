@@ -2,15 +2,27 @@
 
 With `server.workers > 1` each collector worker is a forked process with its own counters, and
 the pipeline (batch uploader, stream workers) runs in the parent. So every process that counts
-writes a *snapshot* of its counters, `<log.path>/metrics/<host>-<pid>-<nonce>.json`, about once a
-second (`Snapshots`, a daemon thread; replaced atomically, only when it changed). The process that
+writes a *snapshot* of its counters, `<log.path>/metrics/<host>-<pid>-<start>_<nonce>.json`
+(`<start>`: the process's start time in clock ticks since boot, from `/proc`), about once a second
+(`Snapshots`, a daemon thread; replaced atomically when it changed, else touched). The process that
 answers a scrape adds its own live counters to the snapshots of the others (`Snapshots.merged`).
 
-Counters never go backwards: the snapshot of a process that ended (its pid is gone) is folded into
-`retired.json` under an `flock`, so its counts stay in the sums after it exits, and across restarts
-of the node. Folding is crash-safe: `retired.json` names the snapshots it holds, and a snapshot
-already named there is only deleted. Deleting the `metrics/` folder resets every counter (Prometheus
-sees a counter reset). Snapshots of other hosts (a `log.path` on a shared disk) are not read.
+Counters never go backwards:
+- the snapshot of a process that ended (its pid is gone, or now belongs to a process that started
+  at another time: pids are reused across restarts) is folded into `retired.json` under an
+  `flock`, so its counts stay in the sums after it exits, and across restarts of the node. Folding
+  is crash-safe: `retired.json` names the snapshots it holds, and a snapshot already named there is
+  only deleted. Each process folds when it starts and every scrape folds, so `metrics/` holds one
+  file per live process plus `retired.json` and `answered.json`;
+- a snapshot lags its process by up to a second, so two scrapes answered by different workers could
+  see different sums: every answer is at least the last one, per series (`answered.json`, read and
+  written under the same `flock`). Each part of a sum is a count that has happened, so an answer is
+  never more than the true total, and never less than an earlier answer.
+
+Deleting the `metrics/` folder while the node is stopped resets every counter (Prometheus sees a
+counter reset). Snapshots of other hosts (a `log.path` on a shared disk) are not read; one not
+touched for `STALE_OTHER_HOST` seconds (its host's process is gone, e.g. a container that was
+replaced) is deleted.
 
 The pipeline's counters are `PipelineMetrics`, one per process (`pipeline_metrics()`; a fork gets a
 fresh one), recorded by the uploader and the stream workers and written by the node's `Snapshots`.
@@ -24,6 +36,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
@@ -42,6 +55,9 @@ log = logging.getLogger(__name__)
 
 METRICS_DIR = "metrics"
 RETIRED = "retired.json"
+ANSWERED = "answered.json"
+STALE_OTHER_HOST = 24 * 3600.0
+"""Seconds after which another host's untouched snapshot is deleted (its writer touches it every period)."""
 LOCK = ".lock"
 SNAPSHOT_PERIOD = 1.0
 PASS_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -103,6 +119,23 @@ class Sample:
                     into[labels].add(histogram)
                 else:
                     into[labels] = histogram.copy()
+
+    def at_least(self, floor: Sample) -> None:
+        """Raises every series to at least its value in `floor` (series only in `floor` are added)."""
+        for family, series in floor.counters.items():
+            own = self.counters.setdefault(family, {})
+            for labels, value in series.items():
+                if value > own.get(labels, 0):
+                    own[labels] = value
+        for family, histograms in floor.histograms.items():
+            into = self.histograms.setdefault(family, {})
+            for labels, histogram in histograms.items():
+                mine = into.get(labels)
+                if mine is None:
+                    into[labels] = histogram.copy()
+                elif len(mine.counts) == len(histogram.counts):
+                    mine.counts = [max(a, b) for a, b in zip(mine.counts, histogram.counts, strict=True)]
+                    mine.total = max(mine.total, histogram.total)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -213,13 +246,43 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _snapshot_pid(name: str, host: str) -> int | None:
-    """The pid in `<host>-<pid>-<nonce>.json` when the host is `host`; None for other files."""
+def _start_ticks(pid: int | str) -> str:
+    """When the process started, in clock ticks since boot (Linux `/proc/<pid>/stat`); '' if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            fields = file.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode() if len(fields) > 19 and fields[19].isdigit() else ""
+    except (OSError, IndexError):
+        return ""
+
+
+def _snapshot_parts(name: str) -> tuple[str, int, str] | None:
+    """(host, pid, start ticks or '') of `<host>-<pid>-<start>_<nonce>.json` (or the older
+    `<host>-<pid>-<nonce>.json`); None for other files."""
     stem, dot, ext = name.rpartition(".")
     parts = stem.rsplit("-", 2)
-    if not dot or ext != "json" or len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+    if not dot or ext != "json" or len(parts) != 3 or not parts[1].isdigit():
         return None
-    return int(parts[1])
+    start, underscore, _nonce = parts[2].partition("_")
+    return parts[0], int(parts[1]), start if underscore and start.isdigit() else ""
+
+
+def _snapshot_pid(name: str, host: str) -> int | None:
+    """The pid in a snapshot's name when its host is `host`; None for other files."""
+    parts = _snapshot_parts(name)
+    return parts[1] if parts is not None and parts[0] == host else None
+
+
+def _ended(name: str, host: str) -> bool:
+    """Whether the snapshot is this host's and its process is gone (its pid ended, or is another
+    process's now: the start time differs)."""
+    parts = _snapshot_parts(name)
+    if parts is None or parts[0] != host:
+        return False
+    _host, pid, start = parts
+    if not _pid_alive(pid):
+        return True
+    return bool(start) and _start_ticks(pid) not in ("", start)
 
 
 def _read_json(path: Path) -> Any:
@@ -246,7 +309,7 @@ class Snapshots:
         self.directory = directory
         self.period = period
         self.host = socket.gethostname().replace("-", "_").replace("/", "_") or "host"
-        self.name = f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        self.name = f"{self.host}-{os.getpid()}-{_start_ticks('self')}_{uuid.uuid4().hex[:8]}.json"
         self._sources: list[Callable[[], Sample]] = []
         self._frozen = Sample()
         self._on_write: list[Callable[[], None]] = []
@@ -289,6 +352,7 @@ class Snapshots:
     def start(self) -> None:
         if self._thread is not None:
             return
+        fold_ended(self.directory, self.host)  # what earlier runs left (no scrape may come)
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="eventspark-metrics", daemon=True)
         self._thread.start()
@@ -303,7 +367,10 @@ class Snapshots:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period):
-            self.write()
+            try:
+                self.write()
+            except Exception:  # a bug must not end the thread: the next period tries again
+                log.exception("writing the metrics snapshot failed")
 
     def live(self) -> Sample:
         """This process's counters: its sources' and those of sources it released."""
@@ -324,7 +391,7 @@ class Snapshots:
                 log.exception("metrics hook failed")
         with self._io_lock:  # one write at a time, so an older snapshot never replaces a newer one
             data = orjson.dumps(self.live().to_json())
-            if data == self._written:
+            if data == self._written and self._touched():
                 return
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -333,22 +400,32 @@ class Snapshots:
             except OSError as exc:
                 log.warning("cannot write the metrics snapshot %s: %s", self.directory / self.name, exc)
 
+    def _touched(self) -> bool:
+        """Marks the unchanged snapshot as alive (mtime); False when it is gone (to be written again)."""
+        try:
+            os.utime(self.directory / self.name)
+            return True
+        except OSError:
+            return False
+
     def merged(self) -> Sample:
-        """Live counters of this process + the snapshots of this host's other processes + retired ones."""
-        total = self.live()
-        total.add(merge_snapshots(self.directory, self.host, exclude=self.name))
-        return total
+        """Live counters of this process + the snapshots of this host's other processes + retired
+        ones; each series at least as high as in the last answer (module docstring)."""
+        return merge_snapshots(self.directory, self.host, exclude=self.name, live=self.live())
 
 
-def merge_snapshots(directory: Path, host: str, exclude: str = "") -> Sample:
-    """The sum of the snapshots in `directory` (but `exclude`) and of `retired.json`; folds the snapshots
-    of ended processes into `retired.json` first."""
+def merge_snapshots(directory: Path, host: str, exclude: str = "", live: Sample | None = None) -> Sample:
+    """The sum of `live`, the snapshots in `directory` (but `exclude`) and `retired.json`; folds the
+    snapshots of ended processes into `retired.json` first. With `live` (an answer to a scrape), no
+    series is lower than in the last answer, which is then this one (`answered.json`)."""
     total = Sample()
+    if live is not None:
+        total.add(live)
     if not directory.is_dir():
         return total
     with _locked(directory) as locked:
         if locked:
-            _fold_ended(directory, host)
+            _fold_quietly(directory, host)
         retired = _read_json(directory / RETIRED)
         if isinstance(retired, dict):
             total.add(Sample.from_json(retired.get("sample")))
@@ -359,7 +436,33 @@ def merge_snapshots(directory: Path, host: str, exclude: str = "") -> Sample:
             if name == exclude or name in folded or _snapshot_pid(name, host) is None:
                 continue
             total.add(Sample.from_json(_read_json(directory / name)))
+        if locked and live is not None:
+            _at_least_answered(directory, total)
     return total
+
+
+def _at_least_answered(directory: Path, total: Sample) -> None:
+    """Raises `total` to the last answer and records it as the new one (caller holds the lock)."""
+    total.at_least(Sample.from_json(_read_json(directory / ANSWERED)))
+    try:
+        _replace(directory / ANSWERED, orjson.dumps(total.to_json()))
+    except OSError as exc:  # a full disk: this answer is still right, the next may go back
+        log.warning("cannot record the metrics answer in %s: %s", directory, exc)
+
+
+def fold_ended(directory: Path, host: str) -> None:
+    """Folds the snapshots of this host's ended processes into `retired.json` (best effort)."""
+    if directory.is_dir():
+        with _locked(directory) as locked:
+            if locked:
+                _fold_quietly(directory, host)
+
+
+def _fold_quietly(directory: Path, host: str) -> None:
+    try:
+        _fold_ended(directory, host)
+    except OSError as exc:  # a full disk: the sums still hold (a snapshot not folded is read as it is)
+        log.warning("cannot fold ended metrics snapshots in %s: %s", directory, exc)
 
 
 @contextlib.contextmanager
@@ -383,11 +486,9 @@ def _fold_ended(directory: Path, host: str) -> None:
     raw = raw if isinstance(raw, dict) else {}
     retired = Sample.from_json(raw.get("sample"))
     folded = [name for name in raw.get("folded") or () if isinstance(name, str)]
-    ended = [
-        name
-        for name in sorted(os.listdir(directory))
-        if (pid := _snapshot_pid(name, host)) is not None and not _pid_alive(pid)
-    ]
+    names = sorted(os.listdir(directory))
+    ended = [name for name in names if _ended(name, host)]
+    _delete_stale_other_hosts(directory, host, names)
     fresh = [name for name in ended if name not in folded]
     if fresh:
         for name in fresh:
@@ -398,6 +499,17 @@ def _fold_ended(directory: Path, host: str) -> None:
     for name in ended:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(directory / name)
+
+
+def _delete_stale_other_hosts(directory: Path, host: str, names: list[str]) -> None:
+    now = time.time()
+    for name in names:
+        parts = _snapshot_parts(name)
+        if parts is None or parts[0] == host:
+            continue
+        with contextlib.suppress(OSError):
+            if now - os.stat(directory / name).st_mtime > STALE_OTHER_HOST:
+                os.unlink(directory / name)
 
 
 _snapshots: dict[tuple[int, Path], Snapshots] = {}

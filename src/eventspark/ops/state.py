@@ -83,6 +83,7 @@ class StateRecorder:
         self._states: dict[tuple[Path, str], DestinationState] = {}
         self._dirty: set[tuple[Path, str]] = set()
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
 
     def _state(self, key: tuple[Path, str]) -> DestinationState:
         state = self._states.get(key)
@@ -108,12 +109,15 @@ class StateRecorder:
             self._dirty.add(key)
 
     def flush(self) -> None:
-        """Writes the records changed since the last flush."""
-        with self._lock:
-            dirty = [(key, DestinationState(**asdict(self._states[key]))) for key in self._dirty]
-            self._dirty.clear()
-        for (log_path, dest_id), state in dirty:
-            try:
-                write_state(log_path, dest_id, state)
-            except OSError as exc:  # a full disk must not stop the pipeline over a status record
-                log.warning("cannot write the state of destination %s: %s", dest_id, exc)
+        """Writes the records changed since the last flush. One flush at a time (the metrics thread
+        and the uploader both flush): an older copy never replaces a newer one, and two writers never
+        share a temporary file."""
+        with self._flush_lock:
+            with self._lock:
+                dirty = [(key, DestinationState(**asdict(self._states[key]))) for key in self._dirty]
+                self._dirty.clear()
+            for (log_path, dest_id), state in dirty:
+                try:
+                    write_state(log_path, dest_id, state)
+                except OSError as exc:  # a full disk must not stop the pipeline over a status record
+                    log.warning("cannot write the state of destination %s: %s", dest_id, exc)

@@ -37,6 +37,7 @@ from eventspark.logs.failed import failed_log_path
 from eventspark.logs.incoming import parse_log_name
 from eventspark.logs.replay import replay_destination
 from eventspark.logs.status import LogStatus, read_status
+from eventspark.ops.metrics import pipeline_metrics
 from eventspark.ops.state import read_state
 from eventspark.stream.queue import OFFSETS_FILE, queue_dir
 from eventspark.stream.segments import FRAME, MAGIC, MAX_RECORD, list_segments, segment_name
@@ -318,6 +319,9 @@ class StatusReader:
 
     def read(self, now: float | None = None) -> list[DestinationStatus]:
         """Every destination of the config, in config order."""
+        # This process's pipeline writes its last-load records about once a second: written now,
+        # a scrape that shows a delivery also shows its record (and `eventspark status` after it).
+        pipeline_metrics().states.flush()
         with self._lock:
             self._budget.left = self._budget.total
             now = time.time() if now is None else now
