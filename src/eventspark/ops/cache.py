@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import orjson
 
 from eventspark.config.models import Config
+from eventspark.logs.failed import event_id_of as failed_event_id
 
 _monotonic = time.monotonic
 
@@ -69,7 +70,6 @@ TIE_BREAK = 1e-6
 """Seconds between the timestamps of the events of one hand-off: newest first stays in order.
 Timestamps are whole microseconds, as answered (RFC 3339), so `start`/`end` compare exactly."""
 STATUSES = ("pending", "success", "failed", "skipped")
-EVENT_ID_FIELD = "eventn_ctx_event_id"
 
 
 @dataclass(slots=True)
@@ -397,14 +397,8 @@ def bounded_line(line: bytes) -> Any:
 
 
 def event_id_of(event: Any) -> str:
-    """`eventn_ctx.event_id`, else the flat `eventn_ctx_event_id`, else '' (`bounded_id`)."""
-    if not isinstance(event, dict):
-        return ""
-    ctx = event.get("eventn_ctx")
-    found = ctx.get("event_id") if isinstance(ctx, dict) else None
-    if found is None:
-        found = event.get(EVENT_ID_FIELD)
-    return "" if found is None else bounded_id(str(found))
+    """The event's id as the failed log finds it (`logs.failed.event_id_of`), bounded (`bounded_id`)."""
+    return bounded_id(failed_event_id(event))
 
 
 def bounded_id(event_id: str) -> str:
