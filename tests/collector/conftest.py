@@ -139,7 +139,12 @@ def run_server(tmp_path: Path) -> Iterator[Any]:
         return server
 
     yield run
-    for server in started:
+    kill_all(started)
+
+
+def kill_all(servers: list[Server]) -> None:
+    """SIGKILLs the servers still running (fixtures' teardown: a test's own stop came first)."""
+    for server in servers:
         if server.process.poll() is None:
             os.kill(server.process.pid, signal.SIGKILL)
             server.process.wait()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.collector.conftest import Server, start_server
+from tests.collector.conftest import Server, kill_all, start_server
 from tests.destinations.conftest import clickhouse_db, clickhouse_server, mysql_db  # noqa: F401 (fixtures)
 from tests.http.conftest import recorder  # noqa: F401 (a fixture)
 
@@ -38,10 +36,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[dict[s
         return server
 
     yield run
-    for server in started:
-        if server.process.poll() is None:
-            os.kill(server.process.pid, signal.SIGKILL)
-            server.process.wait()
+    kill_all(started)
 
 
 def post(server: Server, path: str, body: Any = None, content: bytes | None = None, **params: str) -> httpx.Response:
