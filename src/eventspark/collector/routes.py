@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eventspark.collector.api import admin, cache, events, openapi, replay, tools, ui
+from eventspark.collector.api import admin, cache, events, openapi, replay, segment, static, tools, ui
 from eventspark.collector.api.common import Handler, Routes
 from eventspark.collector.api.events import RANDOM_URL_PREFIX, client_events, js_event, preflight
 
@@ -16,6 +16,8 @@ ROUTES: Routes = {
     **tools.ROUTES,
     **ui.ROUTES,
     **openapi.ROUTES,
+    **segment.ROUTES,
+    **static.ROUTES,
 }
 
 

@@ -18,9 +18,18 @@ class Section(BaseModel):
 
 
 class UsersRecognition(Section):
+    """EventNative's `users_recognition` (issue 17, `docs/users-recognition.md`): once an event
+    identifies a user, the earlier events of its anonymous id get the user id in every table."""
+
     enabled: bool = False
     anonymous_id_node: str = "/eventn_ctx/user/anonymous_id"
+    identification_nodes: list[str] | None = Field(
+        default=None, description="user id paths; default: [user_id_node] (the older single-path form)"
+    )
     user_id_node: str = "/eventn_ctx/user/internal_id"
+    index_ttl_hours: float = Field(
+        default=24 * 7, gt=0, description="how long an anonymous id is remembered, waiting for its user"
+    )
 
 
 class MappingField(Section):
@@ -46,6 +55,11 @@ class DataLayout(Section):
     mapping: list[str] | None = Field(default=None, description="legacy EventNative form: '/src -> /dst'")
     primary_key_fields: list[str] = Field(default_factory=list)
     max_columns: int | None = Field(default=None, ge=1)
+    unmapped_column: str | None = Field(
+        default=None,
+        description="a JSON column that takes the fields beyond max_columns (or new ones when the schema is frozen)",
+    )
+    schema_freeze: bool = Field(default=False, description="never add columns: new fields go to unmapped_column")
 
     @model_validator(mode="after")
     def _legacy_mapping(self) -> DataLayout:
@@ -109,5 +123,9 @@ class DestinationBase(Section):
     data_layout: DataLayout = Field(default_factory=DataLayout)
     enrichment: list[EnrichmentRule] = Field(default_factory=list)
     users_recognition: UsersRecognition | None = None
-    """Accepted (EventNative configs carry it) and refused when enabled: not implemented yet."""
+    """Overrides the global `users_recognition` for this destination."""
+    transform: str | None = Field(
+        default=None, description="JavaScript function body over `$` (the event): an event, an array, or null"
+    )
+    transform_enabled: bool | None = Field(default=None, description="EventNative: false turns `transform` off")
     stream: DestinationStream = Field(default_factory=DestinationStream)

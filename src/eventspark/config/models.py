@@ -101,6 +101,7 @@ class ServerLogConfig(Section):
 
     format: str = Field(default="text", pattern="^(text|json)$", description="text, or JSON lines with ids")
     level: str = Field(default="info", pattern="^(?i)(debug|info|warning|error)$")
+    path: str | None = Field(default=None, description="EventNative: a directory for the server's log file")
 
 
 class ServerConfig(Section):
@@ -131,6 +132,12 @@ class ServerConfig(Section):
     cache: EventsCacheConfig = Field(default_factory=EventsCacheConfig)
     log: ServerLogConfig = Field(default_factory=ServerLogConfig)
     auth: list[ApiKey] = Field(default_factory=list, description="EventNative 1.30 place for api_keys")
+    static_files_dir: str | None = Field(
+        default=None, description="EventNative: lib.js and inline.js served under /s/ and /t/; default: the SDK fetched at install"
+    )
+    api_keys_reload_sec: float = Field(default=3, gt=0, description="reload period of api_keys given as a URL")
+    auth_reload_sec: float | None = Field(default=None, gt=0, description="EventNative's older name of api_keys_reload_sec")
+    destinations_reload_sec: float = Field(default=5, gt=0, description="reload period of destinations given as a URL")
 
 
 class LogConfig(Section):
@@ -196,6 +203,9 @@ class EtcdConfig(Section):
 
 
 class CoordinationConfig(Section):
+    type: str | None = Field(
+        default=None, pattern="^(redis|etcd|inmemory)$", description="later EventNative form: redis uses meta.storage.redis"
+    )
     redis: RedisConfig | None = None
     etcd: EtcdConfig | None = None
     lock_lease_sec: float = Field(default=15, gt=0, description="how long a dead node's table lock survives it")
@@ -229,6 +239,19 @@ class MetaConfig(Section):
     storage: MetaStorageConfig = Field(default_factory=MetaStorageConfig)
 
 
+class SqlDebugLogTarget(Section):
+    path: str = Field(description="a file, or a directory that gets one")
+    rotation_min: float = Field(default=1440, gt=0)
+    max_backups: int = Field(default=10, ge=0)
+
+
+class SqlDebugLogConfig(Section):
+    """EventNative's `sql_debug_log`: every DDL statement (`ddl`) and every query (`queries`) to files."""
+
+    ddl: SqlDebugLogTarget | None = None
+    queries: SqlDebugLogTarget | None = None
+
+
 class SparkConfig(Section):
     """Where the batch job runs: `local[*]` by default, any Spark master URL by configuration."""
 
@@ -259,6 +282,7 @@ class Config(Section):
     users_recognition: UsersRecognition = Field(default_factory=UsersRecognition)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
+    sql_debug_log: SqlDebugLogConfig = Field(default_factory=SqlDebugLogConfig)
 
     @model_validator(mode="before")
     @classmethod
