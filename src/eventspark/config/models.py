@@ -133,10 +133,13 @@ class ServerConfig(Section):
     log: ServerLogConfig = Field(default_factory=ServerLogConfig)
     auth: list[ApiKey] = Field(default_factory=list, description="EventNative 1.30 place for api_keys")
     static_files_dir: str | None = Field(
-        default=None, description="EventNative: lib.js and inline.js served under /s/ and /t/; default: the SDK fetched at install"
+        default=None,
+        description="EventNative: lib.js and inline.js served under /s/ and /t/; default: the SDK fetched at install",
     )
     api_keys_reload_sec: float = Field(default=3, gt=0, description="reload period of api_keys given as a URL")
-    auth_reload_sec: float | None = Field(default=None, gt=0, description="EventNative's older name of api_keys_reload_sec")
+    auth_reload_sec: float | None = Field(
+        default=None, gt=0, description="EventNative's older name of api_keys_reload_sec"
+    )
     destinations_reload_sec: float = Field(default=5, gt=0, description="reload period of destinations given as a URL")
 
 
@@ -204,7 +207,9 @@ class EtcdConfig(Section):
 
 class CoordinationConfig(Section):
     type: str | None = Field(
-        default=None, pattern="^(redis|etcd|inmemory)$", description="later EventNative form: redis uses meta.storage.redis"
+        default=None,
+        pattern="^(redis|etcd|inmemory)$",
+        description="later EventNative form: redis uses meta.storage.redis",
     )
     redis: RedisConfig | None = None
     etcd: EtcdConfig | None = None
