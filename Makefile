@@ -6,7 +6,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: install install-dev run test lint bench clean
 
-$(STAMP): pyproject.toml scripts/bootstrap.sh
+$(STAMP): pyproject.toml scripts/bootstrap.sh src/eventspark/sdk.py
 	bash scripts/bootstrap.sh $(VENV)
 	touch $(STAMP)
 

@@ -21,3 +21,9 @@ fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet -e .
+# The tracking script served at /s/lib.js (docs/tracking-script.md): pinned, checksum-verified, kept
+# in the venv. Without the registry, serve still runs and /s/lib.js says how to fetch it later.
+if ! "$venv/bin/eventspark" tracking-script fetch; then
+    echo "warning: the tracking script was not installed; /s/lib.js answers 404 until" \
+        "'$venv/bin/eventspark tracking-script fetch' succeeds" >&2
+fi

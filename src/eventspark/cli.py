@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from eventspark.commands import replay, status, tools
+from eventspark.commands import replay, status, tools, tracking_script
 from eventspark.commands.common import ConfigOption, err, load_logged, out
+from eventspark.logconfig import add_log_file
 
 app = typer.Typer(help="eventspark: self-hosted event collection on Apache Spark.", no_args_is_help=True)
 
@@ -50,6 +51,9 @@ def serve(
 ) -> None:
     """Runs the collector, the batch uploader and the stream workers."""
     loaded = load_logged(config, verbose)
+    settings = loaded.config.server.log
+    if settings.path:  # EventNative's server.log.path: serve's lines in a rotated file too
+        add_log_file(settings.path, settings.format, settings.rotation_min, settings.max_backups)
     if loaded.generated_token is not None:
         out.print(f"no token configured; generated one: [bold]{loaded.generated_token.client_secret}[/]")
     from eventspark.collector.server import run_server
@@ -83,7 +87,7 @@ def version() -> None:
     out.print(__version__)
 
 
-for _module in (replay, tools, status):
+for _module in (replay, tools, status, tracking_script):
     _module.register(app)
 
 if __name__ == "__main__":

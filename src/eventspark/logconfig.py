@@ -16,15 +16,18 @@ of other requests and threads:
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import wraps
-from typing import Any, TextIO, TypeVar
+from pathlib import Path
+from typing import IO, Any, TextIO, TypeVar
 
 import orjson
 
@@ -161,3 +164,93 @@ def configure(
     handler.addFilter(ContextIds())
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=logging.DEBUG if verbose else level.upper(), handlers=[handler], force=True)
+
+
+class RotatingFile:
+    """Lines appended to `path`, renamed to `<stem>-<UTC time><suffix>` every `rotation_min`
+    minutes with at most `max_backups` renamed files kept (0: all). Thread-safe; opened on the
+    first line. Only the process that made it rotates (the serving process): a forked process
+    writes on, reopening the file once it has been renamed (the server's log of collector workers)."""
+
+    def __init__(self, path: Path, rotation_min: float, max_backups: int) -> None:
+        self.path = path
+        self.period = rotation_min * 60
+        self.max_backups = max_backups
+        self._owner = os.getpid()
+        self._lock = threading.Lock()
+        self._file: IO[bytes] | None = None
+        self._inode = 0
+        self._next = time.time() + self.period
+
+    def write(self, line: str) -> None:
+        data = line.encode("utf-8", "backslashreplace") + b"\n"
+        with self._lock:
+            if os.getpid() == self._owner and time.time() >= self._next:
+                self._rotate()
+            self._reopen_if_moved()
+            assert self._file is not None
+            self._file.write(data)
+            self._file.flush()
+
+    def _reopen_if_moved(self) -> None:
+        try:
+            moved = os.stat(self.path).st_ino != self._inode
+        except FileNotFoundError:
+            moved = True
+        if self._file is None or moved:
+            if self._file is not None:
+                self._file.close()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("ab")
+            self._inode = os.fstat(self._file.fileno()).st_ino
+
+    def _rotate(self) -> None:
+        self._next = time.time() + self.period
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.path.exists() and self.path.stat().st_size:
+            stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.gmtime())
+            self.path.rename(self.path.with_name(f"{self.path.stem}-{stamp}{self.path.suffix}"))
+        if self.max_backups:
+            backups = sorted(self.path.parent.glob(f"{self.path.stem}-*{self.path.suffix}"))
+            for old in backups[: -self.max_backups]:
+                old.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+class FileLogHandler(logging.Handler):
+    """The server's log also written to `server.log.path` (a `RotatingFile`)."""
+
+    def __init__(self, file: RotatingFile) -> None:
+        super().__init__()
+        self.file = file
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.file.write(self.format(record))
+        except Exception:
+            self.handleError(record)
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+SERVER_LOG_FILE = "eventspark.log"
+"""The server's log file in `server.log.path`."""
+
+
+def add_log_file(directory: str, log_format: str, rotation_min: float, max_backups: int) -> Path:
+    """Adds a handler writing the root logger's lines to `<directory>/eventspark.log` as well."""
+    path = Path(directory) / SERVER_LOG_FILE
+    handler = FileLogHandler(RotatingFile(path, rotation_min, max_backups))
+    handler.addFilter(ContextIds())
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    logging.getLogger().addHandler(handler)
+    return path

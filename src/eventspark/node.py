@@ -16,9 +16,11 @@ from pathlib import Path
 
 from eventspark.config import LoadedConfig
 from eventspark.config.models import CoordinationConfig
+from eventspark.config.sources import Reloader
 from eventspark.coordination import Coordination, CoordinationError, build_coordination
 from eventspark.coordination.base import DEFAULT_HEARTBEAT_TTL
-from eventspark.ops.cache import events_cache_for
+from eventspark.destinations.sql import debug_log
+from eventspark.ops.cache import events_cache_for, token_ids
 from eventspark.ops.metrics import PipelineMetrics, Snapshots, pipeline_metrics, process_snapshots
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,9 @@ class NodeServices:
         self._config = config
         self.pipeline: PipelineMetrics | None = None
         self.snapshots: Snapshots | None = None
+        self.reloader = Reloader(loaded, self.apply) if loaded.sources else None
+        debug_log.configure(config.sql_debug_log)  # the statements of stream workers and passes
+        """api_keys / destinations given as URLs: fetched again every period (`config.sources`)."""
 
     def start(self) -> None:
         # The pipeline's counters and last-load records reach `/prometheus` and `eventspark status`
@@ -65,10 +70,36 @@ class NodeServices:
             self.stream.start()
         if self.uploader is not None:
             self.uploader.start()
+        if self.reloader is not None:
+            self.reloader.start()
+
+    def apply(self, loaded: LoadedConfig) -> None:
+        """A reloaded config (on the reloader's thread): stream workers started, rebuilt or
+        stopped; the uploader's next pass routes by it (the collector processes follow the
+        published file themselves)."""
+        from eventspark.batch.uploader import Uploader
+        from eventspark.stream.manager import StreamWorkers
+
+        modes = {dest.mode for dest in loaded.config.destinations.values()}
+        if self.stream is None and "stream" in modes:
+            self.stream = StreamWorkers(loaded, coordination=self.coordination)
+        if self.stream is not None:
+            self.stream.apply(loaded)
+        if self.uploader is not None:
+            self.uploader.loaded = loaded
+        elif "batch" in modes:
+            self.uploader = Uploader(loaded, self.coordination)
+            self.uploader.start()
+        self._config = loaded.config
+        cache = events_cache_for(loaded.config)
+        if cache is not None:  # the stream workers' results of new tokens show their ids
+            cache.tokens.update(token_ids(loaded.config))
 
     def stop(self) -> None:
         """Stops the stream workers and waits for a batch pass in progress, then leaves the cluster."""
         self._stop.set()
+        if self.reloader is not None:  # first: a reload must not start workers while they stop
+            self.reloader.stop()
         if self.stream is not None:
             self.stream.stop()
         if self.uploader is not None:

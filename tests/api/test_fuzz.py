@@ -58,6 +58,11 @@ FEW_EXAMPLES = {"POST /api/v1/batch/run": 3, "POST /api/v1/replay": 10, "POST /a
 NO_SUCCESS_EXPECTED = {
     "GET /api/v1/batch/run": "request ids are random: a generated one is unknown (404)",
     "POST /api/v1/destinations/test": "a generated config names no reachable warehouse (tests/tools test good ones)",
+    **{
+        f"{method} {prefix}{{file}}": "a generated file name is not there (404); tests/static serves real ones"
+        for method in ("GET", "HEAD")
+        for prefix in ("/s/", "/t/")
+    },
 }
 """Valid requests of every other operation must get a 2xx at least once: else the fuzzing never
 checked that operation's success answer against its schema."""

@@ -16,6 +16,7 @@ from eventspark.batch.splits import Split
 from eventspark.config.models import ApiKey
 from eventspark.destinations.base import ORDER_COLUMN, StagedChunk, TransientError
 from eventspark.destinations.duckdb.configuration import DuckDBDestination
+from eventspark.steps.context import line_event_id
 from eventspark.steps.typing import DataType
 
 
@@ -84,7 +85,8 @@ def test_counts_chunks_and_failed_spools(tmp_path: Path, stage_class: type[Recor
     chunks = [orjson.loads(r["payload"]) for r in summary if r["kind"] == "chunk"]
     assert [c["chunk"]["rows"] for c in chunks] == [2, 2, 1]
     assert chunks[0]["header"]["fields"]["n"] == {"type": "INT64"}
-    assert [row for _, rows in stage.written for row in rows][-1] == ["a", 4]
+    # issue 17: a line without an event id gets one at load, derived from the line (EventNative 1.41)
+    assert [row for _, rows in stage.written for row in rows][-1] == ["a", 4, line_event_id(lines[4])]
     (spool,) = [r["spool"] for r in summary if r["spool"]]
     assert orjson.loads(Path(spool).read_bytes())["event"] == "{oops"
 

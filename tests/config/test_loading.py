@@ -265,14 +265,22 @@ def test_check_fails_on_keys_without_effect(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("where", ["global", "destination"])
-def test_enabled_users_recognition_is_refused_until_it_exists(tmp_path: Path, where: str) -> None:
+def test_users_recognition_on_a_type_that_cannot_update(tmp_path: Path, where: str) -> None:
+    """Users recognition (docs/users-recognition.md): a type without updates is refused in the
+    destination's own section, warned about when turned on globally; a SQL warehouse takes it."""
     section = "users_recognition: {enabled: true}"
-    text = f"{section}\n" if where == "global" else f"destinations: {{d: {{type: duckdb, {section}}}}}\n"
+    webhook = "type: webhook, mode: stream, webhook: {url: 'http://127.0.0.1:9/x'}"
+    if where == "global":
+        text = f"{section}\ndestinations: {{w: {{{webhook}}}}}\n"
+        expected, code = "users_recognition: has no effect on destinations.w: webhook cannot update rows", 1
+    else:
+        text = f"destinations: {{w: {{{webhook}, {section}}}}}\n"
+        expected, code = "destinations.w.users_recognition: webhook cannot update rows", 2
     result = run_check("-c", str(write(tmp_path, text)))
-    assert result.returncode == 2
-    assert "user recognition is not implemented yet" in result.stderr
-    disabled = text.replace("enabled: true", "enabled: false")
-    assert run_check("-c", str(write(tmp_path, disabled))).returncode == 0
+    assert result.returncode == code, result.stdout + result.stderr
+    assert expected in result.stderr
+    duckdb = f"destinations: {{d: {{type: duckdb, {section}}}}}\n"
+    assert run_check("-c", str(write(tmp_path, duckdb))).returncode == 0
 
 
 def test_a_type_without_the_mode_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

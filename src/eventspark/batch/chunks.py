@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from eventspark.destinations.base import ORDER_COLUMN
+from eventspark.steps.diff import UnmappedRule
 from eventspark.steps.literals import LiteralCheck, literal_check
 from eventspark.steps.typing import (
     ALWAYS_TIMESTAMP,
@@ -283,6 +284,44 @@ class ChunkBuffer:
         if self.lines is not None:
             self.lines = bytearray()
         return header
+
+
+class UnmappedChunkBuffer(ChunkBuffer):
+    """A ChunkBuffer for a full or frozen table (`UnmappedRule.full`): the fields the table lacks
+    go into the unmapped column (docs/json-columns.md). Before the table is full the driver
+    decides (`UnmappedRule.limit`). A subclass, so that other tables' rows pay nothing."""
+
+    __slots__ = ("unmapped",)
+
+    def __init__(
+        self,
+        table: str,
+        existing: Mapping[str, DataType | None],
+        primary_keys: tuple[str, ...],
+        json_lines: bool,
+        unmapped: UnmappedRule,
+    ) -> None:
+        super().__init__(table, existing, primary_keys, json_lines)
+        self.unmapped = unmapped
+
+    def add(self, values: dict[str, Any], casts: Mapping[str, str], seq: int = 0) -> str | None:
+        error = self.unmapped.place(values, self.existing)
+        if error is not None:
+            return error
+        return super().add(values, self.unmapped.casts(casts), seq)
+
+
+def chunk_buffer(
+    table: str,
+    existing: Mapping[str, DataType | None] | None,
+    primary_keys: tuple[str, ...],
+    json_lines: bool,
+    unmapped: UnmappedRule | None,
+) -> ChunkBuffer:
+    """The buffer of a table: an UnmappedChunkBuffer once `unmapped` applies to it."""
+    if unmapped is not None and existing is not None and unmapped.full(existing):
+        return UnmappedChunkBuffer(table, existing, primary_keys, json_lines, unmapped)
+    return ChunkBuffer(table, existing, primary_keys, json_lines)
 
 
 def _convert_row(row: dict[str, Any], mixed: set[str], types: Mapping[str, DataType]) -> bool:

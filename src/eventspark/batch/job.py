@@ -48,6 +48,10 @@ from eventspark.logs.status import (
 )
 from eventspark.logs.status import status_path as _status_path
 from eventspark.ops.cache_results import settle_samples
+from eventspark.recognition.service import Recognizer, recognition_of
+from eventspark.recognition.state import done_sightings, keep_sightings
+from eventspark.steps.diff import UnmappedRule
+from eventspark.steps.recognition import Sightings
 from eventspark.steps.typing import BatchHeader
 
 log = logging.getLogger(__name__)
@@ -73,6 +77,8 @@ class JobResult:
     archived: list[Path] = field(default_factory=list)
     kept: list[Path] = field(default_factory=list)
     deleted_empty: list[Path] = field(default_factory=list)
+    held: dict[str, str] = field(default_factory=dict)
+    """Rotated logs left in incoming/ untouched (also in `kept`): log name → why (`_hold_unroutable`)."""
     samples: list[dict[str, Any]] = field(default_factory=list)
     """A sample of the pass's events with their outcome, for the events cache (`ops.cache_results`)."""
 
@@ -95,6 +101,8 @@ class _Collected:
     spools: dict[tuple[str, str, str], list[Path]] = field(default_factory=lambda: defaultdict(list))
     pairs: dict[tuple[str, str], PairLoad] = field(default_factory=dict)
     samples: list[str] = field(default_factory=list)
+    sightings: dict[str, Sightings] = field(default_factory=dict)
+    """Users recognition: per destination, the ids the tasks saw (`steps.recognition`)."""
 
 
 class BatchJob:
@@ -122,13 +130,39 @@ class BatchJob:
         for path in logs:
             groups[replay_destination(path.name)].append(path)
         batch = {d for d, dest in self.config.destinations.items() if dest.mode == "batch"}
+        if None in groups:
+            groups[None] = self._hold_unroutable(groups[None], result)
         for only, group in sorted(groups.items(), key=lambda item: item[0] or ""):
             if only is not None and only not in batch:
                 log.warning("replay logs for %s kept: it is not a batch destination of this config", only)
                 result.kept.extend(group)
                 continue
-            self._run_job(session, group, only, result)
+            if group:
+                self._run_job(session, group, only, result)
         return result
+
+    def _hold_unroutable(self, logs: list[Path], result: JobResult) -> list[Path]:
+        """The logs some batch destination takes; the others stay in incoming/, untouched.
+
+        A log's token comes from its name (as in EventNative). When no batch destination takes it
+        (a token removed from `api_keys`, or one whose destinations are all stream or `only_tokens`
+        of others) its events would reach neither a table nor `failed/`: the log waits, with a
+        warning every pass, and loads once a config reload brings the token or a destination back.
+        """
+        batch = {d: dest for d, dest in self.config.destinations.items() if dest.mode == "batch"}
+        _secrets, token_destinations, default = token_routes(self.config.api_keys, batch)
+        routable = []
+        for path in logs:
+            token = rotated_token(path.name) or ""
+            if token_destinations.get(token, default):
+                routable.append(path)
+                continue
+            known = token in token_destinations
+            why = f"token '{token}' " + ("has no batch destination" if known else "is not in api_keys")
+            log.warning("rotated log %s kept in incoming/, not loaded: %s", path.name, why)
+            result.held[path.name] = why
+            result.kept.append(path)
+        return routable
 
     def _run_job(self, session: Any, logs: list[Path], only: str | None, result: JobResult) -> None:
         job_id = new_job_id(time.time())
@@ -158,7 +192,10 @@ class BatchJob:
         started = time.monotonic()
         collected = self._execute(session, logs, plan) if plan.destinations else _Collected()
         executed = time.monotonic()
+        # Users recognition's ids outlive a crash between the commits and its run (`recognition.state`).
+        keep_sightings(self.events_dir, collected.sightings, set(plan.recognition))
         outcomes = self._load(collected, adapters, result)
+        self._recognize(collected, adapters)
         result.samples += settle_samples(collected.samples, outcomes)
         log.info(
             "job %s: %d log(s), Spark stage %.2f s, patch and commit %.2f s",
@@ -171,6 +208,25 @@ class BatchJob:
             self.fault("committed")
         self._settle(logs, statuses, seen, plan, collected, outcomes, dest_errors, result)
         return result
+
+    def _recognize(self, collected: _Collected, adapters: dict[str, DestinationAdapter]) -> None:
+        """Users recognition after the commits: earlier anonymous rows get their user's id."""
+        for dest_id, seen in sorted(collected.sightings.items()):
+            recognizer = Recognizer.build(self.config, dest_id, self.config.destinations[dest_id])
+            if recognizer is None or dest_id not in adapters:
+                continue
+            started = time.monotonic()
+            try:
+                done = recognizer.run(adapters[dest_id], seen)
+            except DestinationError as exc:
+                log.warning("users recognition of %s failed: %s", dest_id, exc)
+                continue
+            finally:
+                recognizer.close()
+            if not done.skipped:  # else its ids wait on disk for the next pass
+                done_sightings(self.events_dir, dest_id)
+            took = time.monotonic() - started
+            log.info("users recognition of %s: %s in %.2f s", dest_id, done, took)
 
     # --- before the job -----------------------------------------------------------------------
 
@@ -199,6 +255,7 @@ class BatchJob:
         plan = JobPlan(job_id, str(self.events_dir / "staging"), {}, {}, {}, (), {}, {})
         plan.replay_destination = only
         plan.geo_path = self.config.geo.maxmind_path
+        plan.max_columns = self.config.server.max_columns
         plan.chunk_rows = self.chunk_rows
         plan.pass_bytes = sum(p.stat().st_size for p in logs)
         for dest_id, dest in self.config.destinations.items():
@@ -254,6 +311,9 @@ class BatchJob:
         self._staged.add(dest_id)
         plan.primary_keys[dest_id] = tuple(dest.data_layout.primary_key_fields)
         plan.destinations[dest_id] = dest
+        section = recognition_of(self.config, dest)
+        if section is not None:
+            plan.recognition[dest_id] = (section.anonymous_id_node, tuple(section.nodes()))
 
     # --- the job ------------------------------------------------------------------------------
 
@@ -290,7 +350,8 @@ class BatchJob:
             elif adapter.capabilities.stage == "objects":
                 error = commit_objects(adapter, pair)
             else:
-                error = load_pair(adapter, self.coordination, pair, keys, max_columns, self.fault)
+                unmapped = UnmappedRule.of(dest.data_layout, max_columns)
+                error = load_pair(adapter, self.coordination, pair, keys, max_columns, self.fault, unmapped)
             outcomes[key] = error
             result.pair(*key).error = error
             if self.fault is not None:
@@ -402,6 +463,10 @@ def _fold(collected: _Collected, row: Any) -> None:
     kind, file, dest_id, table = row["kind"], row["file"], row["dest"], row["tbl"]
     if kind == "sample":
         collected.samples.append(row["payload"])
+        return
+    if kind == "recognition":
+        seen = Sightings.from_dict(orjson.loads(row["payload"]))
+        collected.sightings.setdefault(dest_id, Sightings()).merge(seen)
         return
     if kind == "count":
         counts = collected.counts[file, dest_id, table]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from eventspark.coordination import Coordination, CoordinationError
 from eventspark.destinations.base import DestinationAdapter, DestinationError, Load, StagedChunk
 from eventspark.destinations.sync import LOCK_TIMEOUT, sync_table, table_lock
-from eventspark.steps.diff import ColumnLimitError, Table, table_from_header
+from eventspark.steps.diff import ColumnLimitError, Table, UnmappedRule, table_from_header
 from eventspark.steps.typing import BatchHeader
 
 log = logging.getLogger(__name__)
@@ -42,14 +42,16 @@ def load_pair(
     primary_keys: tuple[str, ...],
     max_columns: int,
     fault: Fault | None = None,
+    unmapped: UnmappedRule | None = None,
 ) -> str:
-    """Patches and loads the pair; returns '' on success, else the reason it failed."""
+    """Patches and loads the pair; returns '' on success, else the reason it failed (the pair is
+    loaded again by the next pass: e.g. when `unmapped` left fields out of the patch)."""
     lock = table_lock(pair.dest_id, pair.table)
     wanted = table_from_header(pair.header, adapter.dialect.column_type, primary_keys)
     try:
         # The lock covers the commit too: a commit casts to the types the patch left.
         with coordination.lock(lock, LOCK_TIMEOUT):
-            target = sync_table(adapter, coordination, lock, wanted, max_columns).table
+            target = sync_table(adapter, coordination, lock, wanted, max_columns, unmapped).table
             if fault is not None:
                 fault("staged")
             load = Load(pair.dest_id, target, pair.chunks, sorted(pair.files), ordered=bool(primary_keys))

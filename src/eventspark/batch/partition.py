@@ -16,7 +16,7 @@ from typing import IO, Any, cast
 
 import orjson
 
-from eventspark.batch.chunks import ChunkBuffer
+from eventspark.batch.chunks import ChunkBuffer, chunk_buffer
 from eventspark.batch.memory import keep_freed_memory
 from eventspark.batch.plan import JobPlan
 from eventspark.batch.splits import Split, read_split
@@ -25,13 +25,17 @@ from eventspark.destinations.registry import destination_type
 from eventspark.logs.failed import event_error_line, event_id_of
 from eventspark.ops.cache_results import SAMPLE_LINES, sample_row
 from eventspark.steps.chain import DestinationChain, Failure, Row
+from eventspark.steps.context import ensure_event_id
+from eventspark.steps.diff import UnmappedRule
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
+from eventspark.steps.recognition import RecognitionColumns, Sightings
 
 SUMMARY_FIELDS = ("kind", "file", "dest", "tbl", "rows", "failed", "skipped", "spool", "payload")
 """The fields of a summary row (a tuple): ("count", log, destination, table, rows, failed, skipped,
 failed-event spool, None), ("chunk", None, destination, table, 0, 0, 0, None, chunk JSON),
 ("error", None, destination, table, 0, 0, 0, None, why staging failed) or ("sample", log,
-destination, "", 0, 0, 0, None, a sampled event for the events cache: `ops.cache_results`)."""
+destination, "", 0, 0, 0, None, a sampled event for the events cache: `ops.cache_results`) or
+("recognition", None, destination, "", 0, 0, 0, None, the ids users recognition saw: `Sightings`)."""
 NO_TABLE = ""
 """The table of events that never got one: template failures, skips, unreadable lines."""
 _UNKNOWN: Any = object()
@@ -92,6 +96,8 @@ class PartitionTask:
         # The events cache's sample: the first lines of each split, with their outcome.
         self.sample_left = 0
         self.samples: list[tuple[str, str, str]] = []
+        # Users recognition: per destination, its columns and the ids this task saw.
+        self.sightings: dict[str, tuple[RecognitionColumns, Sightings]] = {}
 
     def chain(self, dest_id: str) -> DestinationChain:
         chain = self.chains.get(dest_id)
@@ -147,6 +153,7 @@ class PartitionTask:
         """Runs the chain and places the row; returns (for samples) the Row placed, the Failure,
         None when skipped, False when the pair is done already."""
         try:
+            ensure_event_id(event, line)  # a line from elsewhere may have none (deterministic id)
             result = self.chain(dest_id).process(event)
         except Exception as exc:  # one odd event must not stop every log behind it
             result = Failure(f"the pipeline steps failed on this event: {type(exc).__name__}: {exc}")
@@ -156,6 +163,13 @@ class PartitionTask:
         if type(result) is Failure:
             self.fail(file, dest_id, NO_TABLE, line, result.error)
             return result
+        if type(result) is list:  # a transform made several rows, maybe in several tables
+            placed = [self.place(file, dest_id, row, line) for row in result]
+            return next((p for p in placed if type(p) is Failure), placed[0])
+        return self.place(file, dest_id, result, line)
+
+    def place(self, file: str, dest_id: str, result: Row, line: bytes) -> Row | Failure | bool:
+        """Adds one row to its table's buffer: the Row, its Failure, or False when the pair is done."""
         table = result.table
         key = (file, dest_id, table)
         target = self.targets.get(key, _UNKNOWN)
@@ -169,9 +183,22 @@ class PartitionTask:
             self.fail(file, dest_id, table, line, error)
             return Failure(error)
         counts[0] += 1
+        if self.plan.recognition and dest_id in self.plan.recognition:
+            self.sight(dest_id, table, result.values)
         if len(buffer) >= self.plan.chunk_rows:
             self.flush(dest_id, buffer)
         return result
+
+    def sight(self, dest_id: str, table: str, values: dict[str, Any]) -> None:
+        """Users recognition: notes the row's anonymous id (and user) for the driver (ids only)."""
+        found = self.sightings.get(dest_id)
+        if found is None:
+            anonymous, nodes = self.plan.recognition[dest_id]
+            columns = RecognitionColumns.build(anonymous, list(nodes), self.chain(dest_id).mapper)
+            found = self.sightings[dest_id] = (columns, Sightings())
+        sighting = found[0].read(values)
+        if sighting is not None:
+            found[1].add(table, sighting)
 
     def target(self, file: str, dest_id: str, table: str) -> tuple[ChunkBuffer, list[int]] | None:
         if table in self.plan.done.get((file, dest_id), ()):
@@ -196,7 +223,9 @@ class PartitionTask:
             existing = self.plan.existing.get(dest_id, {}).get(table)
             keys = self.plan.primary_keys.get(dest_id, ())
             json_lines = self.plan.stages[dest_id].json_lines
-            buffer = self.buffers[key] = ChunkBuffer(table, existing, keys, json_lines)
+            layout = self.plan.destinations[dest_id].data_layout
+            unmapped = UnmappedRule.of(layout, layout.max_columns or self.plan.max_columns)
+            buffer = self.buffers[key] = chunk_buffer(table, existing, keys, json_lines, unmapped)
         return buffer
 
     def count(self, file: str, dest_id: str, table: str) -> list[int]:
@@ -297,6 +326,10 @@ class PartitionTask:
             out.append(("chunk", None, dest_id, table, 0, 0, 0, None, payload.decode()))
         for file, dest_id, sample in self.samples:
             out.append(("sample", file, dest_id, NO_TABLE, 0, 0, 0, None, sample))
+        for dest_id, (_columns, seen) in self.sightings.items():
+            if seen or seen.dropped:
+                payload = orjson.dumps(seen.to_dict()).decode()
+                out.append(("recognition", None, dest_id, NO_TABLE, 0, 0, 0, None, payload))
         return out
 
     def close(self) -> None:

@@ -43,11 +43,15 @@ class JobPlan:
     objects: dict[str, ObjectTarget] = field(default_factory=dict)
     """Destination id → where executors write its objects: the files family (not in `stages`)."""
     geo_path: str | None = None
+    max_columns: int = 0
+    """`server.max_columns`: the default of each destination's `data_layout.max_columns`."""
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     pass_bytes: int = 0
     """The size of the logs this job reads."""
     replay_destination: str | None = None
     """Set when this job loads replay logs (`logs.replay`): the one destination they load into."""
+    recognition: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    """Destination id → (anonymous id node, identification nodes) of its users recognition."""
 
     def destinations_of(self, token_id: str) -> tuple[str, ...]:
         found = self.token_destinations.get(token_id)

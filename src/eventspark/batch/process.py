@@ -26,6 +26,7 @@ from eventspark.batch.plan import DEFAULT_CHUNK_ROWS
 from eventspark.batch.session import get_session, stop_session
 from eventspark.config import LoadedConfig
 from eventspark.coordination import Coordination, build_coordination
+from eventspark.destinations.sql import debug_log
 from eventspark.logconfig import in_job
 from eventspark.logs.incoming import rotate_incoming_logs
 from eventspark.logs.rotated import rotated_logs
@@ -88,6 +89,7 @@ def process_once(loaded: LoadedConfig, console: Console, keep_session: bool = Fa
     is still registered when the JVM exits keeps relaunching executors for a while.
     """
     config = loaded.config
+    debug_log.configure(config.sql_debug_log)  # the driver's statements (executors only stage)
     rotate_incoming_logs(Path(config.log.path) / "incoming")
     coordination = build_coordination(config.coordination, config.server.name)
     try:
@@ -174,3 +176,5 @@ def print_summary(result: JobResult, console: Console) -> None:
         f"{len(result.deleted_empty)} empty deleted",
         highlight=False,
     )
+    for name, why in sorted(result.held.items()):
+        console.print(f"[yellow]{name} kept, not loaded: {why}[/]", highlight=False)

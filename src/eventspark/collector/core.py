@@ -28,8 +28,9 @@ from eventspark.collector.metrics import CollectorMetrics
 from eventspark.collector.multiplex import Route, build_routes
 from eventspark.collector.proxies import TrustedProxies
 from eventspark.config.models import Config
+from eventspark.config.sources import SourcesWatch
 from eventspark.logs.incoming import IncomingLogs
-from eventspark.ops.cache import events_cache_for
+from eventspark.ops.cache import events_cache_for, token_ids
 from eventspark.ops.metrics import Snapshots, process_snapshots
 from eventspark.ops.passes import RotationRequests
 from eventspark.ops.status import StatusReader
@@ -39,6 +40,8 @@ from eventspark.stream.queue import queue_dir
 logger = logging.getLogger(__name__)
 
 DEFAULT_SERVER_NAME = "unnamed-server"
+SOURCES_POLL_SEC = 1.0
+"""How often a collector process looks for a config its serving process reloaded (one stat)."""
 _DUMPS_OPTION = orjson.OPT_APPEND_NEWLINE
 
 
@@ -81,6 +84,9 @@ class Collector:
             token_id: route.batch_destinations + route.stream_destinations for token_id, route in self.routes.items()
         }
         self._rotation: asyncio.Task[None] | None = None
+        self.sources_watch: SourcesWatch | None = None
+        """The config published by the serving process when api_keys or destinations are URLs."""
+        self._following: asyncio.Task[None] | None = None
         self._open = False
 
     # --- life cycle -------------------------------------------------------------------------------
@@ -93,6 +99,7 @@ class Collector:
             self.group_commit.start()
         self.snapshots = process_snapshots(self.log_path)
         self.snapshots.add_source(self.metrics.sample)
+        self.sources_watch = SourcesWatch.open(self.log_path)
         self._open = True
 
     def close(self) -> list[Path]:
@@ -104,6 +111,10 @@ class Collector:
             with contextlib.suppress(RuntimeError):  # its loop may be closed already (forced exit)
                 self._rotation.cancel()
             self._rotation = None
+        if self._following is not None:
+            with contextlib.suppress(RuntimeError):
+                self._following.cancel()
+            self._following = None
         if self.group_commit is not None:
             self.group_commit.stop()
         for spool in self.spools.values():
@@ -119,6 +130,8 @@ class Collector:
     def start_rotation(self) -> None:
         """Rotates the incoming logs every `log.rotation_min` minutes (needs a running loop)."""
         self._rotation = asyncio.get_running_loop().create_task(self._rotate_periodically())
+        if self.sources_watch is not None:
+            self._following = asyncio.get_running_loop().create_task(self._follow_sources(self.sources_watch))
 
     async def _rotate_periodically(self) -> None:
         period = self.config.log.rotation_min * 60
@@ -131,6 +144,47 @@ class Collector:
             except OSError:
                 logger.exception("rotating incoming logs failed; retrying next period")
             rotations.done(asked)
+
+    # --- reloaded config (eventspark.config.sources) ----------------------------------------------
+
+    async def _follow_sources(self, watch: SourcesWatch) -> None:
+        from eventspark.config.loading import build_loaded
+
+        while True:
+            await asyncio.sleep(SOURCES_POLL_SEC)
+            raw = watch.changed()
+            if raw is None:
+                continue
+            try:  # validated by the serving process already: this should not fail
+                loaded = await asyncio.to_thread(build_loaded, raw, False)
+            except Exception:
+                logger.exception("cannot use the reloaded config; keeping the current one")
+                continue
+            self.reconfigure(loaded.config)
+
+    def reconfigure(self, config: Config) -> None:
+        """Switches to the tokens and destinations of `config` (other sections are the same):
+        stream spools of kept destinations stay open, removed ones are closed (their queues stay
+        on disk), a token without destinations is answered 422 as at start. On the loop's thread."""
+        tokens = TokenTable(config.api_keys)
+        routes, spools = build_routes(config, tokens.tokens, self.logs, self.worker, self.spools)
+        for dest_id, spool in self.spools.items():
+            if dest_id not in spools:
+                spool.close(sync=self.logs.fsync)
+        for dest_id in spools:
+            queue_dir(self.log_path, dest_id).mkdir(parents=True, exist_ok=True)
+        for token_id in routes:
+            self.accepted.setdefault(token_id, 0)
+        self.config, self.tokens, self._plain_queries = config, tokens, tokens.by_plain_query
+        self.routes, self.spools = routes, spools
+        self._routable = {token_id: route for token_id, route in routes.items() if route.has_destination}
+        self._cached_destinations = {
+            token_id: route.batch_destinations + route.stream_destinations for token_id, route in routes.items()
+        }
+        self.status = StatusReader(config)
+        if self.events_cache is not None:  # the cached events of new tokens show their ids
+            self.events_cache.tokens.update(token_ids(config))
+        logger.info("config reloaded: %d token(s), %d destination(s)", len(tokens.tokens), len(config.destinations))
 
     # --- events -----------------------------------------------------------------------------------
 

@@ -109,13 +109,15 @@ class Request:
 def sender(
     scope: Scope, headers: dict[bytes, bytes], server_side: bool, proxies: TrustedProxies
 ) -> tuple[str, str | None]:
-    """(source IP, User-Agent for JS endpoints) of a request."""
+    """(source IP, User-Agent) of a request.
+
+    The agent is returned for s2s requests too (`server_side`): ContextEnrichment stores it only
+    in JS events, but hashes it into `hashed_anonymous_id` on both, as EventNative 1.41 did.
+    """
     client = scope.get("client")
     ip = client[0] if client else ""
     if b"x-real-ip" in headers or b"x-forwarded-for" in headers:
         ip = proxies.client_ip(ip, headers)
-    if server_side:
-        return ip, None
     agent = headers.get(b"user-agent")
     return ip, None if agent is None else agent.decode("utf-8", "replace")
 

@@ -49,12 +49,18 @@ class Route:
 
 
 def build_routes(
-    config: Config, tokens: list[Token], logs: IncomingLogs, worker: int | None = None
+    config: Config,
+    tokens: list[Token],
+    logs: IncomingLogs,
+    worker: int | None = None,
+    existing: Mapping[str, QueueWriter] | None = None,
 ) -> tuple[dict[str, Route], dict[str, QueueWriter]]:
-    """One route per token id, and the stream spools by destination id."""
+    """One route per token id, and the stream spools by destination id (`existing` ones kept:
+    a reload of the config's sources)."""
     log_path = Path(config.log.path)
+    existing = existing or {}
     spools = {
-        dest_id: QueueWriter(queue_dir(log_path, dest_id), worker)
+        dest_id: existing.get(dest_id) or QueueWriter(queue_dir(log_path, dest_id), worker)
         for dest_id, dest in config.destinations.items()
         if dest.mode == "stream"
     }

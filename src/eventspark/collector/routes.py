@@ -28,6 +28,8 @@ def find(path: str) -> tuple[str, dict[str, Handler]] | None:
         return path, methods
     if path.startswith(RANDOM_URL_PREFIX):
         return RANDOM_URL_PREFIX, events.JS_METHODS
+    if path.startswith(static.PREFIXES):  # the tracking script: /s/<file>, /t/<file>
+        return static.route_name(path), static.METHODS
     if len(path) > 1 and path.endswith("/"):
         return find(path.rstrip("/") or "/")
     return None

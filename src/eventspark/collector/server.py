@@ -23,6 +23,7 @@ import uvicorn
 from eventspark.collector.app import CollectorApp
 from eventspark.config import LoadedConfig
 from eventspark.config.models import Config
+from eventspark.config.sources import publish, published_raw
 from eventspark.logs.incoming import ServerLock, ServerLockHeld, rotate_live_files
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ def run_server(loaded: LoadedConfig, background: Background | None = None) -> No
         leftovers = rotate_live_files(incoming)
         if leftovers:
             logger.info("rotated %d incoming log(s) left by a previous run", len(leftovers))
+        # Before forking: every collector process starts from this config and follows its reloads.
+        publish(Path(config.log.path), published_raw(loaded))
         if config.server.workers == 1:
             _serve(config, worker=None, sock=None, background=background)
         else:

@@ -17,19 +17,44 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
+DEFAULT_ANONYMOUS_ID_NODE = (
+    "/eventn_ctx/user/anonymous_id||/user/anonymous_id||/eventn_ctx/user/hashed_anonymous_id||/user/hashed_anonymous_id"
+)
+"""EventNative 1.41's default: JS SDK 1.x (nested `eventn_ctx`) or 2.x (flat `user`), `||` alternatives."""
+DEFAULT_IDENTIFICATION_NODES = (
+    "/eventn_ctx/user/id||/user/id",
+    "/eventn_ctx/user/email||/user/email",
+    "/eventn_ctx/user/internal_id||/user/internal_id",
+)
+"""EventNative 1.41's default (`internal_id` kept by EventNative for older configs)."""
+
+
 class UsersRecognition(Section):
     """EventNative's `users_recognition` (issue 17, `docs/users-recognition.md`): once an event
     identifies a user, the earlier events of its anonymous id get the user id in every table."""
 
     enabled: bool = False
-    anonymous_id_node: str = "/eventn_ctx/user/anonymous_id"
-    identification_nodes: list[str] | None = Field(
-        default=None, description="user id paths; default: [user_id_node] (the older single-path form)"
+    anonymous_id_node: str = Field(
+        default=DEFAULT_ANONYMOUS_ID_NODE, min_length=1, max_length=1000, description="`||` separates alternatives"
     )
-    user_id_node: str = "/eventn_ctx/user/internal_id"
+    identification_nodes: list[str] | None = Field(
+        default=None,
+        max_length=20,
+        description="user id paths (`||` alternatives); default: [user_id_node] when given, else EventNative's",
+    )
+    user_id_node: str | None = Field(default=None, description="EventNative's older single-path form")
     index_ttl_hours: float = Field(
         default=24 * 7, gt=0, description="how long an anonymous id is remembered, waiting for its user"
     )
+    index_max_ids: int = Field(
+        default=1_000_000, ge=1, description="most anonymous ids the in-memory index keeps (the oldest go first)"
+    )
+
+    def nodes(self) -> list[str]:
+        """The identification nodes in force."""
+        if self.identification_nodes:
+            return list(self.identification_nodes)
+        return [self.user_id_node] if self.user_id_node else list(DEFAULT_IDENTIFICATION_NODES)
 
 
 class MappingField(Section):
@@ -60,6 +85,8 @@ class DataLayout(Section):
         description="a JSON column that takes the fields beyond max_columns (or new ones when the schema is frozen)",
     )
     schema_freeze: bool = Field(default=False, description="never add columns: new fields go to unmapped_column")
+    transform: str | None = Field(default=None, description="EventNative's place of the destination's `transform`")
+    transform_enabled: bool | None = Field(default=None, description="EventNative: false turns `transform` off")
 
     @model_validator(mode="after")
     def _legacy_mapping(self) -> DataLayout:
@@ -128,4 +155,6 @@ class DestinationBase(Section):
         default=None, description="JavaScript function body over `$` (the event): an event, an array, or null"
     )
     transform_enabled: bool | None = Field(default=None, description="EventNative: false turns `transform` off")
+    transform_timeout_ms: int = Field(default=1000, ge=1, le=60_000, description="CPU time per event, ms")
+    transform_memory_mb: int = Field(default=64, ge=8, le=4096, description="memory of the transform's JS engine")
     stream: DestinationStream = Field(default_factory=DestinationStream)

@@ -16,11 +16,11 @@ from pydantic import BaseModel, ValidationError
 
 from eventspark.config.models import ApiKey, Config
 from eventspark.config.routing import unknown_tokens
+from eventspark.config.sources import MAX_CONFIG_BYTES, ConfigSource, resolve_sources
 from eventspark.destinations.duckdb.configuration import DuckDBDestination
 from eventspark.destinations.registry import REGISTRY
 
 ENV_PLACEHOLDER = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-MAX_CONFIG_BYTES = 10 * 1024 * 1024
 
 
 class ConfigError(ValueError):
@@ -32,17 +32,28 @@ class LoadedConfig:
     config: Config
     warnings: list[str] = field(default_factory=list)
     generated_token: ApiKey | None = None
+    raw: Any = None
+    """The parsed document, sources resolved (what a reload starts from: `eventspark.config.sources`)."""
+    sources: dict[str, ConfigSource] = field(default_factory=dict)
+    """The keys given as a URL (`api_keys`, `server.auth`, `destinations`), reloaded by `serve`."""
 
 
 def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> LoadedConfig:
     """Loads and validates `path`; with no path, the embedded defaults."""
     raw: Any = {} if path is None else read_config_file(Path(path))
     raw = substitute_env(raw, os.environ if env is None else env)
+    raw, sources = resolve_sources(raw)  # api_keys / destinations given as a URL: fetched now
+    return build_loaded(raw, embedded=path is None, sources=sources)
+
+
+def build_loaded(raw: Any, embedded: bool, sources: dict[str, ConfigSource] | None = None) -> LoadedConfig:
+    """Validation, checks and defaults of a parsed document (at start, and at each reload of its sources)."""
     config = validate_config(raw)
     check_unimplemented(config)
     check_object_locations(config)
     loaded = LoadedConfig(config=config, warnings=[*unknown_keys(config), *keys_without_effect(config)])
-    apply_defaults(loaded, embedded=path is None)
+    loaded.raw, loaded.sources = raw, sources or {}
+    apply_defaults(loaded, embedded=embedded)
     check_steps(config)
     return loaded
 
@@ -134,16 +145,17 @@ def _join(where: str, key: object) -> str:
 
 
 def check_unimplemented(config: Config) -> None:
-    """ConfigError for a feature the config turns on that eventspark does not have yet: serving
-    without it would silently do less than the config says."""
-    sections: list[tuple[str, Any]] = [("users_recognition", config.users_recognition)]
-    sections += [
-        (f"destinations.{d}.users_recognition", dest.users_recognition) for d, dest in config.destinations.items()
-    ]
-    for where, section in sections:
-        if section is not None and section.enabled:
+    """ConfigError for a feature the config turns on that eventspark does not have: serving
+    without it would silently do less than the config says. Users recognition turned on in a
+    destination's own section of a type that cannot update rows (files, HTTP family, Redshift,
+    Snowflake, BigQuery) is refused; turned on globally, such destinations get a warning
+    (`keys_without_effect`) and load as before (docs/users-recognition.md)."""
+    for dest_id, dest in config.destinations.items():
+        section = dest.users_recognition
+        if section is not None and section.enabled and REGISTRY[dest.type].capabilities.users_recognition == "none":
             raise ConfigError(
-                f"{where}: user recognition is not implemented yet; set enabled: false or remove the section"
+                f"destinations.{dest_id}.users_recognition: {dest.type} cannot update rows, so users recognition"
+                " is not supported there; set enabled: false or remove the section"
             )
 
 
@@ -172,12 +184,35 @@ def keys_without_effect(config: Config) -> Iterator[str]:
         upsert = REGISTRY[dest.type].capabilities.upsert
         if upsert == "none" and dest.data_layout.primary_key_fields:
             yield f"destinations.{dest_id}.data_layout.primary_key_fields: {dest.type} never replaces events"
+        yield from recognition_warnings(config, dest_id, dest)
+
+
+def recognition_warnings(config: Config, dest_id: str, dest: Any) -> Iterator[str]:
+    """Users recognition turned on globally for a type that cannot update rows, or whose nodes the
+    destination's mapping keeps out of its tables."""
+    from eventspark.recognition.service import columns_of
+
+    section = dest.users_recognition if dest.users_recognition is not None else config.users_recognition
+    if section is None or not section.enabled:
+        return
+    if REGISTRY[dest.type].capabilities.users_recognition == "none":
+        yield f"users_recognition: has no effect on destinations.{dest_id}: {dest.type} cannot update rows"
+        return
+    try:
+        usable = columns_of(section, dest).usable
+    except ValueError:  # a bad mapping: check_steps names it
+        return
+    if not usable:
+        yield (
+            f"destinations.{dest_id}.users_recognition: the mapping keeps the anonymous id or every"
+            " identification node out of the tables: nothing can be recognised"
+        )
 
 
 def apply_defaults(loaded: LoadedConfig, embedded: bool) -> None:
     """A generated token when none is configured; the embedded DuckDB warehouse without a config."""
     config = loaded.config
-    if not config.api_keys:
+    if not config.api_keys and not {"api_keys", "server.auth"} & loaded.sources.keys():
         secret = secrets.token_urlsafe(24)
         token = ApiKey(client_secret=secret, server_secret=secret)
         config.api_keys.append(token)
@@ -187,10 +222,33 @@ def apply_defaults(loaded: LoadedConfig, embedded: bool) -> None:
         config.destinations["duckdb"] = DuckDBDestination(type="duckdb")
 
 
+def _check_unmapped(where: str, dest: Any) -> None:
+    """`unmapped_column` is a plain column name; it and `schema_freeze` need a table destination
+    (docs/json-columns.md)."""
+    from eventspark.destinations.registry import destination_type
+    from eventspark.steps.flatten import sanitize_name
+
+    layout = dest.data_layout
+    column = layout.unmapped_column
+    if column is None and not layout.schema_freeze:
+        return
+    capabilities = destination_type(dest.type).capabilities
+    if capabilities.delivery != "tables" or capabilities.stage == "objects":
+        raise ConfigError(f"{where}: unmapped_column and schema_freeze apply to SQL destinations, not {dest.type}")
+    if column is not None and sanitize_name(column) != column:
+        raise ConfigError(
+            f"{where}.unmapped_column: {column!r} must be a column name of [a-z0-9_], at most 63 characters"
+        )
+    if column is not None and column in layout.primary_key_fields:
+        raise ConfigError(f"{where}.unmapped_column: {column!r} is a primary key field")
+
+
 def check_steps(config: Config) -> None:
     """Compiles every template and mapping now so that a bad one is a config error, not a runtime one."""
+    from eventspark.steps.chain import transform_of
     from eventspark.steps.mapping import Mapper, MappingError
     from eventspark.steps.template import TemplateSyntaxError, compile_template, is_reserved_table
+    from eventspark.steps.transform import TransformSyntaxError
 
     for dest_id, dest in config.destinations.items():
         layout = dest.data_layout
@@ -206,5 +264,10 @@ def check_steps(config: Config) -> None:
                 Mapper.build(layout.mappings.keep_unmapped, layout.mappings.rules())
             except MappingError as exc:
                 raise ConfigError(f"{where}.mappings: {exc}") from None
+        _check_unmapped(where, dest)
+        try:  # a JavaScript transform compiles now (docs/transforms.md)
+            transform_of(dest_id, dest)
+        except TransformSyntaxError as exc:
+            raise ConfigError(f"destinations.{dest_id}.transform: {exc}") from None
         for token in unknown_tokens(dest, config.api_keys):
             raise ConfigError(f"destinations.{dest_id}.only_tokens: no api key has id or secret {token!r}")

@@ -102,6 +102,8 @@ class ServerLogConfig(Section):
     format: str = Field(default="text", pattern="^(text|json)$", description="text, or JSON lines with ids")
     level: str = Field(default="info", pattern="^(?i)(debug|info|warning|error)$")
     path: str | None = Field(default=None, description="EventNative: a directory for the server's log file")
+    rotation_min: float = Field(default=1440, gt=0, description="the log file is rotated every rotation_min minutes")
+    max_backups: int = Field(default=10, ge=0, description="rotated log files kept (0: all)")
 
 
 class ServerConfig(Section):
@@ -135,6 +137,9 @@ class ServerConfig(Section):
     static_files_dir: str | None = Field(
         default=None,
         description="EventNative: lib.js and inline.js served under /s/ and /t/; default: the SDK fetched at install",
+    )
+    public_url: str | None = Field(
+        default=None, description="EventNative: this collector's public URL, /t/inline.js's default tracking_host"
     )
     api_keys_reload_sec: float = Field(default=3, gt=0, description="reload period of api_keys given as a URL")
     auth_reload_sec: float | None = Field(
@@ -221,6 +226,12 @@ class CoordinationConfig(Section):
     def _one_backend(self) -> CoordinationConfig:
         if self.redis is not None and self.etcd is not None:
             raise ValueError("choose one of redis or etcd, not both")
+        if self.type == "etcd" and self.etcd is None:
+            raise ValueError("type etcd needs coordination.etcd.endpoint")
+        if self.type in ("etcd", "inmemory") and self.redis is not None:
+            raise ValueError(f"type {self.type} does not use coordination.redis: remove one of them")
+        if self.type in ("redis", "inmemory") and self.etcd is not None:
+            raise ValueError(f"type {self.type} does not use coordination.etcd: remove one of them")
         return self
 
 
@@ -299,6 +310,16 @@ class Config(Section):
             geo.setdefault("maxmind_path", value.pop("geo.maxmind_path"))
             value["geo"] = geo
         return value
+
+    @model_validator(mode="after")
+    def _coordination_redis(self) -> Config:
+        # EventNative's later form: `coordination: {type: redis}` with the server in meta.storage.redis.
+        section = self.coordination
+        if section is not None and section.type == "redis" and section.redis is None:
+            if self.meta.storage.redis is None:
+                raise ValueError("coordination.type redis needs meta.storage.redis (or coordination.redis)")
+            section.redis = self.meta.storage.redis.model_copy()
+        return self
 
     @model_validator(mode="after")
     def _merge_tokens(self) -> Config:

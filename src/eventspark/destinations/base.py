@@ -196,6 +196,10 @@ files under `<log.path>/staging/<job>/<destination>/` that the driver loads; `ob
 executors write the destination's final objects themselves (the files family, S3 and GCS:
 `stage_target` returns an `ObjectTarget`, no tables are read or patched, `commit` only removes
 objects a rerun made stale, `loaded_files` is empty: the status files record completion)."""
+UsersRecognitionStyle = Literal["update", "mutation", "none"]
+"""Users recognition: an `UPDATE ... FROM` / `UPDATE ... JOIN` per table (cheap where the table is
+small or indexed), an asynchronous `ALTER TABLE ... UPDATE` mutation that rewrites the parts it
+touches (ClickHouse: batched, few per pass), or none (the destination cannot update rows)."""
 Delivery = Literal["tables", "events"]
 """What a stream worker hands a destination: typed, flattened rows per table, into tables it reads
 and patches (`DestinationAdapter`: the SQL warehouses), or events after enrichment and mapping,
@@ -230,6 +234,9 @@ class Capabilities:
     """Stream mode: `tables` (the fields above apply) or `events` (`EventSender`: no tables, so
     `upsert`, `stage`, `transactions`, `ddl_in_transactions` and `add_column_if_not_exists` are
     not read)."""
+    users_recognition: UsersRecognitionStyle = "none"
+    """How `DestinationAdapter.recognize_users` sets user ids on earlier anonymous rows
+    (`docs/users-recognition.md`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +340,15 @@ class DestinationAdapter(ABC):
         """The DataType whose values a column of `sql_type` takes; None for types eventspark does not
         check (json, uuid...), whose values the warehouse casts at commit."""
         return self.dialect.data_type_of(sql_type)
+
+    def recognize_users(
+        self, table: Table, anonymous_column: str, user_columns: Sequence[str], pairs: Mapping[str, Sequence[Any]]
+    ) -> None:
+        """Users recognition (`Capabilities.users_recognition`): on the rows of `table` whose
+        `anonymous_column` is a key of `pairs` and whose `user_columns` are all NULL (empty), sets
+        those columns to the pair's values (aligned with `user_columns`; None leaves one NULL).
+        One statement (or mutation) per call; ids and values are bound, never spliced raw."""
+        raise TerminalError(f"{type(self).__name__} cannot update rows: users recognition is not supported")
 
 
 class EventSender(ABC):

@@ -47,6 +47,9 @@ class Dialect:
     """SQL → DataType for this warehouse's catalog spelling (None: `data_type_of_sql`)."""
     stage_types: Mapping[DataType, str] = field(default_factory=dict)
     """The column type of each stage type in staging tables (empty: the stage is files)."""
+    json_type: str = "json"
+    """The column type of the generic mapping type ``json`` and of ``data_layout.unmapped_column``
+    (docs/json-columns.md): values are JSON text, cast by the warehouse."""
 
     def __post_init__(self) -> None:
         missing = [t.name for t in DataType if t not in self.types]
@@ -66,7 +69,9 @@ class Dialect:
         the dialect's type for the field's DataType."""
         if field.sql_type:
             generic = parse_generic_type(field.sql_type)
-            return self.types[generic] if generic is not None else field.sql_type
+            if generic is not None:
+                return self.types[generic]
+            return self.json_type if field.sql_type.lower() == "json" else field.sql_type
         return self.types[field.type]
 
     def quote(self, identifier: str) -> str:

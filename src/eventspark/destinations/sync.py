@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from eventspark.coordination import Coordination
 from eventspark.destinations.base import DestinationAdapter, TerminalError
-from eventspark.steps.diff import Table, TablePatch, check_column_limit, diff
+from eventspark.steps.diff import ColumnLimitError, Table, TablePatch, UnmappedRule, check_column_limit, diff
 
 LOCK_TIMEOUT = 120.0
 """Seconds to wait for another node's patch or load of the same table."""
@@ -35,21 +35,35 @@ class SyncedTable:
 
 
 def sync_table(
-    adapter: DestinationAdapter, coordination: Coordination, lock: str, wanted: Table, max_columns: int
+    adapter: DestinationAdapter,
+    coordination: Coordination,
+    lock: str,
+    wanted: Table,
+    max_columns: int,
+    unmapped: UnmappedRule | None = None,
 ) -> SyncedTable:
     """Patches the table to hold `wanted`'s columns and key; the caller holds `lock`.
 
     ColumnLimitError when the patch would pass `max_columns`; DestinationError (or a subclass)
-    from the warehouse.
+    from the warehouse. With `unmapped` (docs/json-columns.md), the patch adds only the columns
+    the rule allows, plus the unmapped column, and ColumnLimitError follows the patch when some
+    were left out: the rows must be placed again against the patched table (the next pass).
     """
     existing = adapter.read_table(wanted.name)
     patch = diff(existing, wanted)
     if patch.is_empty and existing is not None:
         return SyncedTable(existing, coordination.table_version(lock), None)
-    check_column_limit(existing, patch, max_columns)
+    left_out = ""
+    if unmapped is not None:
+        patch, left_out = unmapped.limit(existing, patch, adapter.dialect.json_type)
+        if patch.is_empty and existing is not None:
+            raise ColumnLimitError(left_out)
+    check_column_limit(existing, patch, max_columns, unmapped.column if unmapped is not None else None)
     adapter.patch(patch)
     version = coordination.bump_table_version(lock)
     after = adapter.read_table(wanted.name)
     if after is None:
         raise TerminalError(f"table {wanted.name!r} is missing right after it was patched")
+    if left_out:
+        raise ColumnLimitError(left_out)
     return SyncedTable(after, version, patch)

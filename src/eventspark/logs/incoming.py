@@ -41,9 +41,11 @@ __all__ = [
 LOCK_FILE = ".server.lock"
 _PREFIX = "incoming.tok="
 _STAMP = "%Y-%m-%dT%H-%M-%S"
+# The fraction after the seconds is optional and of any length, as EventNative's uploader
+# accepted (`incoming.tok=*-20*.log`): its logs may end `.1234.log` or have no fraction at all.
 _NAME = re.compile(
     r"^incoming\.tok=(?P<tok>.+?)(?:\|w=(?P<worker>\d+))?"
-    r"(?:-(?P<stamp>\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d)\.(?P<ms>\d{3}))?\.log$"
+    r"(?:-(?P<stamp>\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d)(?:\.(?P<ms>\d{1,9}))?)?\.log$"
 )
 # Characters that would change a file name's meaning (a path, the `|` separator, the escape itself).
 _UNSAFE_ID = re.compile(r"[/\\|%\x00]|^\.")
@@ -91,7 +93,8 @@ def parse_log_name(name: str) -> LogName | None:
     rotated_at = None
     if match.group("stamp"):
         stamp = datetime.strptime(match.group("stamp"), _STAMP).replace(tzinfo=UTC)
-        rotated_at = stamp.replace(microsecond=int(match.group("ms")) * 1000)
+        fraction = match.group("ms") or ""
+        rotated_at = stamp.replace(microsecond=int((fraction + "000000")[:6]))
     return LogName(unquote(match.group("tok")), None if worker is None else int(worker), rotated_at)
 
 

@@ -21,14 +21,18 @@ from datetime import datetime
 from typing import Any, Literal
 
 from eventspark.destinations.registry import destination_type
-from eventspark.steps.chain import DestinationChain, Failure
+from eventspark.steps.chain import DestinationChain, Failure, Row
+from eventspark.steps.diff import UnmappedRule
 from eventspark.steps.flatten import flatten
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
 from eventspark.steps.typing import coerce, format_timestamp, header_for
 
 MAX_EVENTS = 100
 """Most events one dry run takes (a body may be an array or a template body, like the event endpoints')."""
-SKIPPED = "the table name template rendered an empty name: the event is skipped for this destination"
+SKIPPED = (
+    "the table name template rendered an empty name (or the transform returned no event):"
+    " the event is skipped for this destination"
+)
 
 Status = Literal["ok", "skipped", "failed"]
 
@@ -42,9 +46,14 @@ class DryRunResult:
     fields: list[dict[str, Any]] = field(default_factory=list)
     """`{"field", "type", "value"}` per column, in the row's order; NULLs are not columns."""
     error: str = ""
+    more: list[DryRunResult] = field(default_factory=list)
+    """The other rows, when a transform made several of the event (docs/transforms.md)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "table": self.table, "fields": self.fields, "error": self.error}
+        answer = {"status": self.status, "table": self.table, "fields": self.fields, "error": self.error}
+        if self.more:
+            answer["more"] = [row.to_dict() for row in self.more]
+        return answer
 
 
 class DryRun:
@@ -59,6 +68,8 @@ class DryRun:
         # files family and the HTTP services have no tables to patch.
         tables = entry.capabilities.delivery == "tables" and entry.capabilities.stage != "objects"
         self.max_columns = (dest.data_layout.max_columns or max_columns) if tables else 0
+        # As for a new table: fields beyond max_columns go to the unmapped column (docs/json-columns.md).
+        self.unmapped = UnmappedRule.of(dest.data_layout, self.max_columns) if tables else None
         check_name = entry.dialect.quote
         if entry.capabilities.stage == "objects":  # the files family: the format decides the chain
             target = entry.build(dest_id, dest, events_dir).stage_target("dry-run")
@@ -77,10 +88,23 @@ class DryRun:
             return DryRunResult("skipped", error=SKIPPED)
         if isinstance(result, Failure):
             return DryRunResult("failed", error=result.error)
+        if type(result) is list:  # a transform made several rows: the first, then the others
+            first, *others = [self.row_result(row) for row in result]
+            first.more = others
+            return first
+        return self.row_result(result)
+
+    def row_result(self, result: Row) -> DryRunResult:
+        """One row's table and typed fields, or why it fails."""
         values = result.values
         if any(isinstance(v, dict | list) for v in values.values()):  # delivered as an object: shown flat
             values = flatten(values)
-        header = header_for(result.table, values, result.casts)
+        casts = result.casts
+        if self.unmapped is not None and self.unmapped.column is not None:
+            values = dict(values)
+            self.unmapped.place(values, (), self.unmapped.allowed(None, list(values)))
+            casts = self.unmapped.casts(casts)
+        header = header_for(result.table, values, casts)
         try:
             fields = [
                 {"field": name, "type": self.dialect.column_type(f), "value": _json_value(coerce(values[name], f.type))}
@@ -88,7 +112,8 @@ class DryRun:
             ]
         except ValueError as exc:
             return DryRunResult("failed", result.table, error=str(exc))
-        if 0 < self.max_columns < len(fields):  # as a new table: fails whatever the other events
+        counted = len(fields) - (self.unmapped is not None and self.unmapped.column in header.fields)
+        if 0 < self.max_columns < counted:  # as a new table: fails whatever the other events
             error = f"table {result.table!r} would have {len(fields)} columns, more than max_columns {self.max_columns}"
             return DryRunResult("failed", result.table, error=error)
         return DryRunResult("ok", result.table, fields)

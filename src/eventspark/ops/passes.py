@@ -314,4 +314,5 @@ def summary_of(result: JobResult) -> dict[str, Any]:
         "archived": len(result.archived),
         "kept": len(result.kept),
         "deleted_empty": len(result.deleted_empty),
+        "held": dict(sorted(result.held.items())),
     }

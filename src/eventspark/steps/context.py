@@ -3,15 +3,22 @@
 Rules, derived from the design document and every EventNative test vector in
 `shared/testdata/eventnative/`:
 
-* ``source_ip`` (see :func:`client_ip`), ``_timestamp`` (receive time, UTC) and ``api_key``
-  (the token used) are always set, replacing whatever the body held.
+* ``api_key`` (the token used) is always set, replacing whatever the body held.
+* ``source_ip`` (see :func:`client_ip`) and ``_timestamp`` (receive time, UTC) are filled only
+  when the body has no such key or holds null there, as EventNative 1.41 did: a backfill keeps
+  its own time (and lands in its month's table). A kept ``_timestamp`` that is not an RFC 3339
+  string fails the event at load, with the reason, in ``failed/``.
 * An event is *nested* (EventNative 1.x format) when ``eventn_ctx`` is an object, otherwise
   *flat* (JS SDK 2.x, mobile SDKs, most server-to-server senders).
 * JS endpoint: the ``User-Agent`` header goes to ``eventn_ctx.user_agent`` for nested events
   and to top-level ``user_agent`` for flat ones, replacing the SDK's copy (an absent or empty
   header changes nothing). ``src`` is left as sent.
-* s2s endpoint: ``src`` becomes ``"api"`` (always, as EventNative did); the body's
+* s2s endpoint: ``src`` becomes ``"api"`` when the body has none (EventNative 1.41); the body's
   ``user_agent`` is left alone.
+* Both endpoints: ``hashed_anonymous_id`` is set in ``eventn_ctx.user`` when that is an object,
+  else in a top-level ``user`` object (none is created): the md5 hex of the client address (the
+  event's ``source_ip``) followed by the ``User-Agent`` header, EventNative 1.41's cookie-less
+  id (``users_recognition`` falls back to it).
 * Event id, nested events: a non-empty ``eventn_ctx.event_id`` is kept, else a UUID is set
   there. Flat events: a non-empty top-level ``eventn_ctx_event_id`` is kept; otherwise the
   SDK's ``event_id`` is moved there (an empty one is dropped and a UUID generated). Integer
@@ -30,10 +37,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from hashlib import md5
 from time import time_ns
 from typing import Any
+from uuid import UUID
 
-__all__ = ["client_ip", "enrich_context", "format_timestamp", "merge_template", "new_event_id", "utc_timestamp"]
+__all__ = [
+    "client_ip",
+    "enrich_context",
+    "ensure_event_id",
+    "format_timestamp",
+    "hashed_anonymous_id",
+    "merge_template",
+    "new_event_id",
+    "utc_timestamp",
+]
 
 _EVENTN_CTX = "eventn_ctx"
 _FLAT_ID_KEY = "eventn_ctx_event_id"
@@ -120,6 +138,26 @@ def utc_timestamp(ns: int | None = None) -> str:
     return f"{text}.{_THREE_DIGITS[fraction // 1_000_000]}{_THREE_DIGITS[fraction // 1000 % 1000]}Z"
 
 
+# The last address + agent hashed and its digest: the events of a request (and a client's
+# requests in a row) share them. Replacing the tuple is atomic for threads.
+_last_hashed: tuple[str, str] = ("", md5(b"").hexdigest())
+
+
+def hashed_anonymous_id(ip: str, user_agent: str) -> str:
+    """EventNative 1.41's ``hashed_anonymous_id``: md5 hex of ``ip`` followed by ``user_agent``."""
+    key = ip + user_agent
+    last, digest = _last_hashed
+    return digest if key == last else _hash_key(key)
+
+
+def _hash_key(key: str) -> str:
+    global _last_hashed
+    # surrogatepass: a lone surrogate (from a lenient JSON parser) must not fail the request.
+    digest = md5(key.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()
+    _last_hashed = (key, digest)
+    return digest
+
+
 def client_ip(headers: Mapping[str, str], peer: str | None) -> str:
     """The client address: ``X-Real-IP``, else the first ``X-Forwarded-For`` entry, else ``peer``.
 
@@ -150,22 +188,35 @@ def enrich_context(
 ) -> dict[str, Any]:
     """Apply ContextEnrichment to ``event`` in place and return it (rules: module docstring).
 
-    ``server_side`` is True for the s2s endpoint, False for the JS endpoints. ``_timestamp`` is
-    ``timestamp`` when given (text from `utc_timestamp`, shared by the events of a request),
-    else ``now`` formatted, else the current time. ``new_id`` defaults to a random UUID; ``now``
-    and ``new_id`` are injectable for tests.
+    ``server_side`` is True for the s2s endpoint, False for the JS endpoints; ``user_agent`` is
+    the request's ``User-Agent`` header on both (only JS events store it). A missing
+    ``_timestamp`` is ``timestamp`` when given (text from `utc_timestamp`, shared by the events
+    of a request), else ``now`` formatted, else the current time. ``new_id`` defaults to a
+    random UUID; ``now`` and ``new_id`` are injectable for tests.
     """
-    event["source_ip"] = source_ip
-    if timestamp is None:
-        timestamp = utc_timestamp() if now is None else format_timestamp(now)
-    event["_timestamp"] = timestamp
+    sent_ip = event.get("source_ip")
+    if sent_ip is None:
+        event["source_ip"] = source_ip
+    if event.get("_timestamp") is None:
+        if timestamp is None:
+            timestamp = utc_timestamp() if now is None else format_timestamp(now)
+        event["_timestamp"] = timestamp
     event["api_key"] = token
     ctx = event.get(_EVENTN_CTX)
     nested = isinstance(ctx, dict)
     if server_side:
-        event["src"] = "api"
+        if event.get("src") is None:
+            event["src"] = "api"
     elif user_agent:
         (ctx if nested else event)["user_agent"] = user_agent
+    user = (ctx if nested else event).get("user")
+    if nested and user.__class__ is not dict:
+        user = event.get("user")
+    if user.__class__ is dict:
+        # hashed_anonymous_id inlined: a call costs more than the cache hit of a request's events
+        key = (sent_ip if sent_ip.__class__ is str else source_ip) + (user_agent or "")
+        last, digest = _last_hashed
+        user["hashed_anonymous_id"] = digest if key == last else _hash_key(key)
     if nested:
         event_id = ctx.get("event_id")
         if event_id.__class__ is not str or not event_id:  # the usual non-empty string stays as it is
@@ -191,6 +242,30 @@ def _set_flat_id(event: dict[str, Any], flat_id: Any, new_id: Callable[[], str])
         event[_FLAT_ID_KEY] = str(flat_id)
         return
     event[_FLAT_ID_KEY] = _usable_id(event.pop("event_id", None)) or new_id()
+
+
+def ensure_event_id(event: dict[str, Any], line: bytes) -> None:
+    """Give a loaded line that has no event id one, where ContextEnrichment would have put it.
+
+    Lines the collector wrote always have one; lines from elsewhere (EventNative's logs, hand-made
+    replays) may not. EventNative gave them a random id at load; this one is derived from the line
+    (`line_event_id`), so a rerun or a retried pass loads the same id and upserts stay idempotent.
+    """
+    ctx = event.get(_EVENTN_CTX)
+    if ctx.__class__ is dict:
+        current = ctx.get("event_id")
+        if current.__class__ is not str or not current:
+            ctx["event_id"] = _usable_id(current) or line_event_id(line)
+        return
+    current = event.get(_FLAT_ID_KEY)
+    if current.__class__ is not str or not current:
+        _set_flat_id(event, current, lambda: line_event_id(line))
+
+
+def line_event_id(line: bytes) -> str:
+    """A name-based (version 3, md5) UUID of the line, surrounding whitespace ignored."""
+    digest = md5(line.strip(), usedforsecurity=False).digest()
+    return str(UUID(bytes=digest, version=3))
 
 
 def merge_template(template: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:

@@ -115,6 +115,23 @@ def to_json(value: object) -> str:
         raise ValueError("array or object is nested too deeply to store as JSON") from exc
 
 
+def json_text(value: object) -> str:
+    """The JSON text a JSON column stores (a kept subtree, the unmapped column): compact, keys sorted.
+
+    Sorted keys make equal subtrees equal text, whatever the order the client sent their keys in,
+    so the text can be compared, grouped and deduplicated in every warehouse (ClickHouse stores
+    it in a String). Raises ValueError when the value cannot be JSON (nested too deeply).
+    """
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:  # orjson refuses ints beyond 64 bits, unknown types and deep nesting
+        pass
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True, default=str)
+    except (RecursionError, TypeError, ValueError) as exc:
+        raise ValueError("the value cannot be stored as JSON (nested too deeply?)") from exc
+
+
 class _NameNode:
     """The cached column names of the keys found under one prefix (one position in events).
 

@@ -5,7 +5,9 @@ A rule ``(name, from, to)`` reads the string at path ``from`` and writes its res
 ``user_agent_parse`` writes ``{ua_family, ua_version, os_family, os_version, device_family,
 device_brand, device_model, bot}``, empty members omitted in both.
 
-Implicit rules run first for every event whose ``src`` is not ``"api"`` (the JS events):
+Implicit rules run first for every event whose ``src`` is not ``"api"``: the JS events, and
+server events that carry their own ``src`` (ContextEnrichment keeps it, as EventNative 1.41 did,
+so the top-level ``user_agent`` of such a server event is parsed into ``parsed_ua``):
 
 * nested events (``eventn_ctx`` is an object): ``/source_ip`` → ``/eventn_ctx/location`` and
   ``/eventn_ctx/user_agent`` → ``/eventn_ctx/parsed_ua``, as in the design document;
@@ -49,10 +51,10 @@ MAX_USER_AGENT_LENGTH: Final = 1024
 _MAX_IP_TEXT: Final = 512
 """Longer "addresses" are garbage (or an attack on the cache) and resolve to None uncached."""
 
-# uap-core reports desktop Macs as device "Mac"/Apple/Mac since 2021; EventNative's regexes
-# predated that and its recorded output has no device for Macs. Desktops of other systems
-# have no device either, so treating "Mac" like "Other" keeps desktop results uniform.
-_NO_DEVICE_FAMILIES: Final = frozenset({"Other", "Mac"})
+# As EventNative 1.41 (uap-go): the device family "Other" is omitted, its brand and model are
+# kept when the regexes name them. Desktop Macs are device "Mac"/Apple/Mac (uap-core since 2021,
+# which EventNative 1.41 reports; the 1.3x vector `fact_ua_output.json` predates it).
+_NO_DEVICE_FAMILY: Final = "Other"
 _UNTOUCHED: Final = object()
 _EMPTY: Final[dict[str, Any]] = {}
 
@@ -216,8 +218,9 @@ def _parsed_agent(ua: Any, os_: Any, device: Any) -> dict[str, Any]:
     if os_ is not None:
         found["os_family"] = os_.family if os_.family != "Other" else None
         found["os_version"] = _version(os_.major, os_.minor, os_.patch, os_.patch_minor)
-    if device is not None and device.family not in _NO_DEVICE_FAMILIES:
-        found.update(device_family=device.family, device_brand=device.brand, device_model=device.model)
+    if device is not None:
+        found["device_family"] = device.family if device.family != _NO_DEVICE_FAMILY else None
+        found.update(device_brand=device.brand, device_model=device.model)
     result = {key: value for key, value in found.items() if value}
     family = result.get("ua_family", "").lower()
     if "bot" in family or "crawler" in family:

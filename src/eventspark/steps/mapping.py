@@ -9,6 +9,13 @@ moved to several dsts) and writes into the mapped event:
   of the destination, or a generic one of ``string integer double timestamp boolean``.
 * ``constant``: put ``value`` at dst.
 
+JSON columns (``docs/json-columns.md``): a ``move`` or ``cast`` whose type is a JSON type
+(``json jsonb variant object array super``, any case) keeps the subtree at its path whole: the
+value there becomes its JSON text (``flatten.json_text``), so flattening stops there and the column
+named after the path holds objects, arrays and scalars as JSON. With the generic ``string`` type
+(ClickHouse's ``String``) an object or array there becomes JSON text too, while a scalar stays as it
+is. A JSON ``cast`` is run as a ``move`` of the path onto itself.
+
 With ``keep_unmapped: false`` the mapped event starts empty and holds only what move and
 constant wrote and the fields that cast rules name.
 
@@ -33,7 +40,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-from eventspark.steps.flatten import column_name
+from eventspark.steps.flatten import column_name, json_text
 from eventspark.steps.paths import MISSING, Path, get_path, parse_path
 from eventspark.steps.typing import format_timestamp
 
@@ -41,6 +48,9 @@ ACTIONS = ("move", "remove", "cast", "constant")
 _RULE_KEYS = frozenset({"src", "dst", "action", "type", "value"})
 _IMPLICIT_CASTS = {"_timestamp": "TIMESTAMP"}
 _IMPLICIT_JS_CASTS = {"_timestamp": "TIMESTAMP", "eventn_ctx_utc_time": "TIMESTAMP"}
+JSON_TYPES = frozenset({"json", "jsonb", "variant", "object", "array", "super"})
+"""Type names (lower-cased) of JSON columns: every value at the rule's path is stored as JSON text."""
+WHOLE_JSON, WHOLE_STRING = "json", "string"
 
 # A type is pasted into DDL, so only type-like text is accepted: no statement separators,
 # comments, or identifier quotes. Single quotes and '=' allow e.g. Enum8('a' = 1), DateTime64(3, 'UTC').
@@ -60,6 +70,26 @@ class Rule:
     dst: Path = ()
     sql_type: str | None = None
     value: Any = None
+    whole: str | None = None
+    """WHOLE_JSON or WHOLE_STRING when the value at dst is kept whole as JSON text (module docstring)."""
+
+
+def whole_kind(sql_type: str | None) -> str | None:
+    """WHOLE_JSON for a JSON type, WHOLE_STRING for the generic ``string``, else None."""
+    if sql_type is None:
+        return None
+    name = sql_type.strip().lower()
+    if name in JSON_TYPES:
+        return WHOLE_JSON
+    return WHOLE_STRING if name == "string" else None
+
+
+def keep_whole(kind: str, value: Any) -> Any:
+    """The value a kept-whole column stores: JSON text (WHOLE_STRING: objects and arrays only); null
+    stays None."""
+    if value is None or (kind == WHOLE_STRING and not isinstance(value, dict | list | tuple)):
+        return value  # a JSON null is a NULL, as everywhere else
+    return json_text(value)
 
 
 class Mapper:
@@ -131,6 +161,8 @@ class Mapper:
                     continue
                 if keep_unmapped:  # a move: event is output, so parent is where src is
                     del parent[step.src_key]
+                if step.whole is not None:
+                    value = keep_whole(step.whole, value)
             parent = _walk(output, step.dst_parent, create=True)
             if parent is not None:
                 parent[step.dst_key] = value
@@ -147,13 +179,14 @@ class _Step:
     dst_parent: Path
     dst_key: str
     value: Any
+    whole: str | None
 
     @classmethod
     def of(cls, rule: Rule) -> _Step:
         # cast writes its value back at src (only run without keep_unmapped)
         dst = rule.src if rule.action == "cast" else rule.dst
         src_key = rule.src[-1] if rule.src else ""
-        return cls(rule.action, rule.src[:-1], src_key, dst[:-1], dst[-1] if dst else "", rule.value)
+        return cls(rule.action, rule.src[:-1], src_key, dst[:-1], dst[-1] if dst else "", rule.value, rule.whole)
 
 
 def _walk(root: dict[str, Any], keys: Path, create: bool) -> dict[str, Any] | None:
@@ -230,6 +263,8 @@ def _apply_rule(rule: Rule, event: dict, output: dict, owned: set[int], keep_unm
             return
         if keep_unmapped:
             _pop_owned(output, rule.src, owned)
+        if rule.whole is not None:
+            value = keep_whole(rule.whole, value)
         _set_owned(output, rule.dst, value, owned)
     elif action == "remove":
         _pop_owned(output, rule.src, owned)
@@ -301,14 +336,18 @@ def _parse_rule(index: int, raw: object) -> Rule:
         raise MappingError(f"{where}: action must be one of {', '.join(ACTIONS)}, not {action!r}")
     sql_type = _parse_type(where, raw.get("type"))
     if action == "move":
-        return Rule(action, _path(where, raw, "src"), _path(where, raw, "dst"), sql_type)
+        return Rule(action, _path(where, raw, "src"), _path(where, raw, "dst"), sql_type, whole=whole_kind(sql_type))
     if action == "remove":
         return Rule(action, src=_path(where, raw, "src"))
     if action == "cast":
         if sql_type is None:
             raise MappingError(f"{where}: cast needs a type")
         key = "src" if raw.get("src") is not None or raw.get("dst") is None else "dst"
-        return Rule(action, src=_path(where, raw, key), sql_type=sql_type)
+        path = _path(where, raw, key)
+        whole = whole_kind(sql_type)
+        if whole is not None:  # the value changes (JSON text): a move of the path onto itself
+            return Rule("move", path, path, sql_type, whole=whole)
+        return Rule(action, src=path, sql_type=sql_type)
     if "value" not in raw:
         raise MappingError(f"{where}: constant needs a value")
     return Rule(action, dst=_path(where, raw, "dst"), value=_json_value(where, raw["value"]))

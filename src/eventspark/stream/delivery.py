@@ -33,7 +33,7 @@ from eventspark.coordination import Coordination
 from eventspark.destinations.base import ORDER_COLUMN, DestinationAdapter, EventSender, TerminalError
 from eventspark.destinations.sync import LOCK_TIMEOUT, sync_table, table_lock
 from eventspark.steps.chain import HeaderBuilder, Row
-from eventspark.steps.diff import ColumnLimitError, Table, TablePatch, table_from_header
+from eventspark.steps.diff import ColumnLimitError, Table, TablePatch, UnmappedRule, table_from_header
 from eventspark.steps.typing import DataType, coerce, format_timestamp
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class TableDelivery:
         primary_keys: Sequence[str] = (),
         max_columns: int = 0,
         lock_timeout: float = LOCK_TIMEOUT,
+        unmapped: UnmappedRule | None = None,
     ) -> None:
         self.dest_id = dest_id
         self.adapter = adapter
@@ -80,6 +81,8 @@ class TableDelivery:
         self.primary_keys = tuple(primary_keys)
         self.max_columns = max_columns
         self.lock_timeout = lock_timeout
+        self.unmapped = unmapped
+        """`data_layout.unmapped_column` / `schema_freeze`: fields the table may not get go there."""
         self._tables: dict[str, _Cached] = {}
         self._refreshed: dict[str, float] = {}
         """Table → when (monotonic) its schema was last read again for values that did not fit."""
@@ -121,6 +124,8 @@ class TableDelivery:
         for i in [i for i in indices if ORDER_COLUMN in rows[i].values]:  # as the batch load refuses it
             errors[i] = f"field {ORDER_COLUMN!r} is reserved for eventspark's own use: rename it with a mapping"
         indices = [i for i in indices if errors[i] is None]
+        if indices and self.unmapped is not None:
+            indices = self._place(table, rows, indices, errors)
         if not indices:
             return
         cached = self._target(table, [rows[i] for i in indices])
@@ -140,6 +145,26 @@ class TableDelivery:
         if good:
             assert cached.table is not None
             self.adapter.insert(cached.table, good)
+
+    def _place(self, table: str, rows: list[Row], indices: list[int], errors: list[str | None]) -> list[int]:
+        """Moves the fields the table may not get into the unmapped column (`UnmappedRule`);
+        the rows that can go on (a frozen schema without an unmapped column fails the others)."""
+        rule = self.unmapped
+        assert rule is not None
+        current = self._cached(table).table
+        columns = current.columns if current is not None else None
+        known = columns or {}
+        new = {name for i in indices for name in rows[i].values if name not in known and name != rule.column}
+        allowed = rule.allowed(columns, new) if new else ()
+        going = []
+        for i in indices:
+            row = rows[i]
+            errors[i] = rule.place(row.values, known, allowed)
+            if errors[i] is None:
+                going.append(i)
+                if rule.column in row.values:
+                    row.casts = rule.casts(row.casts)
+        return going
 
     def _may_refresh(self, table: str) -> bool:
         """Whether the schema may be read again for values that do not fit (bounded per table)."""
@@ -194,7 +219,7 @@ class TableDelivery:
     def _patch(self, name: str, wanted: Table) -> _Cached:
         lock = table_lock(self.dest_id, name)
         with self.coordination.lock(lock, self.lock_timeout):
-            synced = sync_table(self.adapter, self.coordination, lock, wanted, self.max_columns)
+            synced = sync_table(self.adapter, self.coordination, lock, wanted, self.max_columns, self.unmapped)
         if synced.patch is not None:
             log.info("%s/%s: patched (%s)", self.dest_id, name, _describe(synced.patch))
         return self._remember(name, synced.table, synced.version)

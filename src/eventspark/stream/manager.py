@@ -19,7 +19,9 @@ from eventspark.destinations import build_destination
 from eventspark.destinations.registry import destination_type
 from eventspark.ops.cache import events_cache_for
 from eventspark.ops.cache_results import StreamResults
+from eventspark.recognition.stream import StreamRecognition
 from eventspark.steps.chain import DestinationChain
+from eventspark.steps.diff import UnmappedRule
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
 from eventspark.stream.archive import StreamArchive
 from eventspark.stream.delivery import EventDelivery, TableDelivery
@@ -51,12 +53,14 @@ class StreamWorkers:
 
     def start(self) -> None:
         """Builds and starts a worker per stream destination (idempotent)."""
+        started = []
         for dest_id in self.destination_ids:
             if dest_id not in self.workers:
                 worker = self.workers[dest_id] = self.build(dest_id, self.config.destinations[dest_id])
                 worker.start()
-        if self.workers:
-            log.info("stream workers started: %s", ", ".join(sorted(self.workers)))
+                started.append(dest_id)
+        if started:
+            log.info("stream workers started: %s", ", ".join(sorted(started)))
 
     def build(self, dest_id: str, dest: Destination) -> StreamWorker:
         """The worker of one destination, not started."""
@@ -73,6 +77,7 @@ class StreamWorkers:
                 self.coordination,
                 layout.primary_key_fields,
                 layout.max_columns or self.config.server.max_columns,
+                unmapped=UnmappedRule.of(layout, layout.max_columns or self.config.server.max_columns),
             )
         else:  # events after enrichment and mapping, as objects (the HTTP family)
             delivery = EventDelivery(dest_id, adapter)  # type: ignore[arg-type]
@@ -91,6 +96,7 @@ class StreamWorkers:
         cache = events_cache_for(self.config)
         if cache is not None:
             worker.cache = StreamResults(cache, dest_id, entry.dialect.column_type if tables else None)
+        worker.recognition = StreamRecognition.build(self.config, dest_id, dest) if tables else None
         return worker
 
     def settings_for(self, dest: Destination) -> StreamSettings:
@@ -106,6 +112,21 @@ class StreamWorkers:
             min_insert_interval_sec=capabilities.min_insert_interval_sec if interval is None else interval,
             min_insert_rows=capabilities.min_insert_rows if rows is None else rows,
         )
+
+    def apply(self, loaded: LoadedConfig, timeout: float | None = 30.0) -> None:
+        """Switches to a reloaded config (`config.sources`): a new stream destination's worker
+        starts; a removed one's stops after its batch in progress, its queue left on disk (resumed
+        if the destination comes back); a changed one is stopped and rebuilt."""
+        old = self.config.destinations
+        self.config = loaded.config
+        new = self.config.destinations
+        stale = [d for d in self.workers if d not in new or new[d].mode != "stream" or new[d] != old.get(d)]
+        for dest_id in stale:
+            self.workers[dest_id].request_stop()
+        for dest_id in stale:
+            self.workers.pop(dest_id).stop(timeout)
+            log.info("stream worker %s stopped (config reloaded)", dest_id)
+        self.start()
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Stops every worker after its batch in progress; unacknowledged events stay queued."""

@@ -37,7 +37,9 @@ from eventspark.destinations.base import PartlyDelivered, TransientError
 from eventspark.logs.failed import event_error_line, event_id_of, failed_log_path
 from eventspark.ops.cache_results import StreamResults
 from eventspark.ops.metrics import pipeline_metrics, record_stream_batch, record_stream_retry
+from eventspark.recognition.stream import StreamRecognition
 from eventspark.steps.chain import DestinationChain, Failure, Row
+from eventspark.steps.context import ensure_event_id
 from eventspark.stream.archive import StreamArchive
 from eventspark.stream.delivery import EventDelivery, TableDelivery
 from eventspark.stream.queue import QueueBusy, QueueReader
@@ -146,6 +148,8 @@ class StreamWorker:
         self._last_insert = time.monotonic()
         self.cache: StreamResults | None = None
         """Reports outcomes to the events cache (`eventspark.ops.cache_results`); None: disabled."""
+        self.recognition: StreamRecognition | None = None
+        """Users recognition after each flush (`eventspark.recognition.stream`); None: disabled."""
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -178,6 +182,8 @@ class StreamWorker:
     def close(self) -> None:
         self.reader.close()
         self.archive.close()
+        if self.recognition is not None:  # ids gathered for a later run (ClickHouse) are run now
+            self.recognition.run_if_due(self.delivery.adapter, force=True)
         with contextlib.suppress(Exception):  # closing a broken connection must not hide the real error
             self.delivery.adapter.close()
 
@@ -239,19 +245,29 @@ class StreamWorker:
                     self.cache.skipped(line)
             elif isinstance(result, Failure):
                 outcome.failed.append((line, result.error))
+            elif type(result) is list:  # a transform made several rows (docs/transforms.md)
+                for row in result:
+                    tables.setdefault(row.table, []).append((row, line))
             else:
                 tables.setdefault(result.table, []).append((result, line))
 
     def _deliver_all(self, batch: HeldBatch) -> BatchOutcome:
         """One insert per table (more only to isolate refused rows); the batch's outcome."""
         outcome = batch.outcome
+        # Per event (its line: rows of one event share it), the first error of its rows: an event
+        # a transform made several rows of is delivered only when all of them are.
+        errors_of: dict[int, tuple[bytes, str | None]] = {}
         for table, items in batch.tables.items():
             errors = self._deliver(table, [row for row, _ in items])
             for (_, line), error in zip(items, errors, strict=True):
-                if error is None:
-                    outcome.delivered.append(line)
-                else:
-                    outcome.failed.append((line, error))
+                known = errors_of.get(id(line))
+                if known is None or (known[1] is None and error is not None):
+                    errors_of[id(line)] = (line, error)
+        for line, error in errors_of.values():
+            if error is None:
+                outcome.delivered.append(line)
+            else:
+                outcome.failed.append((line, error))
         if self.cache is not None:
             self.cache.record(batch.tables, outcome.delivered, outcome.failed)
         return outcome
@@ -282,6 +298,8 @@ class StreamWorker:
         outcome = self._deliver_all(batch)
         self._record(outcome)
         self.reader.ack()
+        if self.recognition is not None:  # after the ack: it never holds the queue up
+            self.recognition.delivered(self.delivery.adapter, batch.tables, {id(line) for line, _ in outcome.failed})
         log.debug("stream %s: inserted %d held events in %d tables", self.dest_id, batch.events, len(batch.tables))
         return outcome
 
@@ -290,13 +308,14 @@ class StreamWorker:
         self._held = HeldBatch()
         self.reader.rewind()
 
-    def _run_chain(self, line: bytes) -> Row | Failure | None:
+    def _run_chain(self, line: bytes) -> Row | list[Row] | Failure | None:
         try:
             event = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             return Failure(f"the event is not JSON: {exc}")
         if not isinstance(event, dict):
             return Failure("the event is not a JSON object")
+        ensure_event_id(event, line)  # a replayed line may have none: a deterministic one
         return self.chain.process(event)
 
     def _deliver(self, table: str, rows: list[Row]) -> list[str | None]:

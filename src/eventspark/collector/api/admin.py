@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from eventspark.collector.api.common import Routes
 from eventspark.collector.auth import check_admin
@@ -10,6 +11,7 @@ from eventspark.collector.core import Collector
 from eventspark.collector.http import HTTPError, Request, Response, json_response
 from eventspark.collector.metrics import CONTENT_TYPE as METRICS_TYPE
 from eventspark.collector.metrics import render
+from eventspark.config.sources import sources_status
 from eventspark.coordination.base import CoordinationError
 
 
@@ -44,7 +46,11 @@ async def status(app: Collector, request: Request) -> Response:
     """`eventspark status` as JSON: `{"destinations": [...]}` (see `eventspark.ops.status`)."""
     check_admin(request, app.admin_token)
     statuses = await asyncio.to_thread(app.status.read)
-    return json_response({"destinations": [s.to_json() for s in statuses]})
+    body: dict[str, Any] = {"destinations": [s.to_json() for s in statuses]}
+    sources = sources_status(app.log_path)  # api_keys / destinations given as URLs: last reload
+    if sources is not None:
+        body["config_sources"] = sources
+    return json_response(body)
 
 
 ROUTES: Routes = {

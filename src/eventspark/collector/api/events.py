@@ -144,10 +144,13 @@ def preflight(app: Collector, request: Request, js: bool) -> Response:
 
 JS_METHODS: dict[str, Handler] = {"POST": js_event}
 """`/api/v1/event` and the random-URL prefix."""
+S2S_METHODS: dict[str, Handler] = {"POST": s2s_event}
 ROUTES: Routes = {
     "/api/v1/event": JS_METHODS,
-    "/api/v1/s2s/event": {"POST": s2s_event},
+    "/api/v1/events": JS_METHODS,  # EventNative's alias
+    "/api/v1/s2s/event": S2S_METHODS,
+    "/api/v1/s2s/events": S2S_METHODS,  # EventNative's alias
     "/api/v1/events/bulk": {"POST": bulk_upload},
     "/api/v1/p.gif": {"GET": pixel_gif},
 }
-JS_PATHS = frozenset({"/api/v1/event", "/api/v1/p.gif"})
+JS_PATHS = frozenset({"/api/v1/event", "/api/v1/events", "/api/v1/p.gif"})

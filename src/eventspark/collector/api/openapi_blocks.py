@@ -169,4 +169,9 @@ def security_schemes() -> Schema:
         "serverTokenHeader": key("header", "X-Auth-Token", "a token's server secret"),
         "adminTokenQuery": key("query", "token", "server.admin_token"),
         "adminTokenHeader": key("header", "X-Admin-Token", "server.admin_token"),
+        "serverTokenBasic": {
+            "type": "http",
+            "scheme": "basic",
+            "description": "a token's server secret as the user, any password (Segment's write key)",
+        },
     }

@@ -25,6 +25,8 @@ from eventspark.collector.api.openapi_blocks import (
     security_schemes,
 )
 from eventspark.collector.api.openapi_operator import operator_paths, ui_paths
+from eventspark.collector.api.openapi_segment import segment_paths
+from eventspark.collector.static_openapi import tracking_script_paths
 
 __all__ = ["ADMIN", "CLIENT", "SERVER", "build_document"]
 
@@ -64,23 +66,30 @@ def _event_paths() -> dict[str, Schema]:
             query("p_token", "the token under any `p_*` name (the first one is used)"),
         ],
     }
+    s2s = operation(
+        "postServerEvent",
+        "Events from a back end (server-to-server); `src: api` is added",
+        "events",
+        SERVER,
+        responses(_EVENT_OK, *_EVENT_ERRORS),
+        body=body,
+        description="Server secret; a client secret answers 401.",
+    )
     return {
         "/api/v1/event": {"post": js},
+        "/api/v1/events": {"post": _alias(js, "postEventsAlias", "/api/v1/event")},
         "/api.{anything}": {"post": random_url},
-        "/api/v1/s2s/event": {
-            "post": operation(
-                "postServerEvent",
-                "Events from a back end (server-to-server); `src: api` is added",
-                "events",
-                SERVER,
-                responses(_EVENT_OK, *_EVENT_ERRORS),
-                body=body,
-                description="Server secret; a client secret answers 401.",
-            )
-        },
+        "/api/v1/s2s/event": {"post": s2s},
+        "/api/v1/s2s/events": {"post": _alias(s2s, "postServerEventsAlias", "/api/v1/s2s/event")},
         "/api/v1/events/bulk": {"post": _bulk()},
         "/api/v1/p.gif": {"get": _pixel()},
+        **segment_paths(),
     }
+
+
+def _alias(op: Schema, operation_id: str, path: str) -> Schema:
+    """EventNative's second spelling of an endpoint: the same operation."""
+    return {**op, "operationId": operation_id, "summary": f"Same as `{path}` (EventNative's alias)"}
 
 
 def _bulk() -> Schema:
@@ -191,6 +200,6 @@ def build_document() -> Schema:
             {"name": "operator", "description": "Failed events, replay, cache, passes, live page"},
             {"name": "tools", "description": "Setting up a destination"},
         ],
-        "paths": {**_event_paths(), **_admin_paths(), **operator_paths(), **ui_paths()},
+        "paths": {**_event_paths(), **_admin_paths(), **operator_paths(), **ui_paths(), **tracking_script_paths()},
         "components": {"schemas": SCHEMAS, "securitySchemes": security_schemes()},
     }

@@ -7,7 +7,8 @@ per event (EventNative v1.41's list of lists, which `?format=lists` gives for an
 `?format=full`, each event's table, status and fields. `POST /api/v1/destinations/test`
 (admin): a destination config proved by its type's probe (`ops.probe`).
 `POST /api/v1/templates/evaluate` (admin): a `table_name_template` on an object, EventNative's
-body and answer. docs/setup-tools.md has the details.
+body and answer; with `"field": "_transform"`, a JavaScript transform (docs/transforms.md).
+docs/setup-tools.md has the details.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import math
 from typing import Any
+
+import orjson
 
 from eventspark.collector.api.common import Routes
 from eventspark.collector.auth import check_admin, request_token
@@ -25,6 +28,7 @@ from eventspark.config.routing import takes_token
 from eventspark.ops import dryrun, probe
 from eventspark.steps.context import enrich_context, utc_timestamp
 from eventspark.steps.template import TemplateEvalError, TemplateSyntaxError, compile_template
+from eventspark.steps.transform import Transform, TransformFailed, TransformSyntaxError, parse_result
 
 DRY_RUN_FORMATS = ("eventnative", "lists", "full")
 """`eventnative` (the default): the answer's shape follows the body's; `lists`: one field list
@@ -142,8 +146,10 @@ async def evaluate_template(app: Collector, request: Request) -> Response:
         raise HTTPError(400, "'object' is required field", "object must be a JSON object")
     if not isinstance(expression, str):
         raise HTTPError(400, "'expression' must be a string")
-    if body.get("field") == "_transform":
-        raise HTTPError(400, "JavaScript transforms are not supported", "eventspark evaluates Go templates only")
+    if body.get("field") == "_transform":  # EventNative's UI tries a transform this way
+        if not expression.strip():
+            raise HTTPError(400, "'expression' is required field", "expression must be the transform's JavaScript")
+        return await _evaluate_transform(obj, expression)
     try:
         template = compile_template(expression)
     except TemplateSyntaxError as exc:
@@ -155,13 +161,32 @@ async def evaluate_template(app: Collector, request: Request) -> Response:
     return json_response(_template_answer(result, ""))
 
 
-def _template_error(message: str, exc: Exception) -> Response:
+async def _evaluate_transform(obj: dict[str, Any], source: str) -> Response:
+    """The transform's result on `obj` as JSON text (`null`: skipped), with the limits every
+    destination has by default; run off the event loop (it may take its whole time limit)."""
+    try:
+        result = await asyncio.to_thread(_run_transform, obj, source)
+    except TransformSyntaxError as exc:
+        return _template_error("error parsing transform", exc, "javascript")
+    except TransformFailed as exc:
+        return _template_error("error executing transform", exc, "javascript")
+    return json_response(_template_answer(result, "", "javascript"))
+
+
+def _run_transform(obj: dict[str, Any], source: str) -> str:
+    transform = Transform.compile(source)
+    text = transform.run_text(orjson.dumps(obj).decode())
+    parse_result(text)  # the checks a destination applies (an array of objects, sizes)
+    return "null" if text is None else text
+
+
+def _template_error(message: str, exc: Exception, format: str = "go") -> Response:
     error = f"{message}: {exc}"
-    return json_response({"message": error, **_template_answer("", error)}, status=400)
+    return json_response({"message": error, **_template_answer("", error, format)}, status=400)
 
 
-def _template_answer(result: str, error: str) -> dict[str, Any]:
-    return {"result": result, "error": error, "user_result": "", "user_error": "", "format": "go"}
+def _template_answer(result: str, error: str, format: str = "go") -> dict[str, Any]:
+    return {"result": result, "error": error, "user_result": "", "user_error": "", "format": format}
 
 
 ROUTES: Routes = {

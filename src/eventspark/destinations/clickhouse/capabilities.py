@@ -14,4 +14,5 @@ CAPABILITIES = Capabilities(
     # a second per table, or sooner once 10,000 rows are waiting (its documented advice).
     min_insert_interval_sec=1.0,
     min_insert_rows=10_000,
+    users_recognition="mutation",
 )

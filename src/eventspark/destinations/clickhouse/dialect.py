@@ -54,6 +54,7 @@ DIALECT = Dialect(
     quote_char="`",
     string_escape="backslash",
     quote_escape="backslash",
+    json_type="String",  # docs/json-columns.md
     stage_types={  # timestamps are RFC 3339 text, parsed at commit
         DataType.BOOL: "Nullable(UInt8)",
         DataType.INT64: "Nullable(Int64)",

@@ -309,6 +309,73 @@ class ClickHouseWarehouse(SqlWarehouse):
         insert = f"INSERT INTO {self.layout.insert_target(table.name)} ({names}) FORMAT TabSeparated"
         client.execute(insert, doing, body, STREAM_SETTINGS)  # type: ignore[call-arg]
 
+    def recognize_users(
+        self, table: Table, anonymous_column: str, user_columns: Sequence[str], pairs: Mapping[str, Sequence[Any]]
+    ) -> None:
+        """One `ALTER TABLE ... UPDATE` mutation per MUTATION_IDS pairs (`docs/users-recognition.md`):
+        mutations rewrite every part they touch and run in the background, so a pass makes as few
+        as it can. Values that do not fit their column are left out: a failing mutation would
+        block the table's later ones."""
+        statement = recognition_mutation(self.layout, table, anonymous_column, user_columns, pairs)
+        if statement is None:
+            return
+        with self._session() as client:
+            client.execute(statement, f"recognizing {len(pairs)} users in {table.name!r}", settings=MUTATION_SETTINGS)  # type: ignore[call-arg]
+
+
+MUTATION_IDS = 5000
+"""Most anonymous ids in one mutation (callers split larger batches)."""
+MUTATION_SETTINGS = {"max_query_size": str(64 * 1024 * 1024)}
+"""A mutation names its ids in the statement: more than the default 256 KiB of SQL."""
+
+
+def recognition_mutation(
+    layout: Layout, table: Table, anonymous_column: str, user_columns: Sequence[str], pairs: Mapping[str, Sequence[Any]]
+) -> str | None:
+    """`ALTER TABLE ... UPDATE` setting each user column from `transform` over the ids, on the rows
+    of those ids whose user columns are all empty (NULL, '' or 0: columns are not Nullable)."""
+    usable = {a: v for a, v in pairs.items() if _literal_ok(a)}
+    sets = []
+    for index, column in enumerate(user_columns):
+        sql_type = table.columns[column]
+        known = {a: str(v[index]) for a, v in usable.items() if _fits(v[index], data_type_of(sql_type))}
+        if known:
+            ids = ", ".join(literal(a) for a in known)
+            values = ", ".join(literal(v) for v in known.values())
+            mapped = f"transform(toString({quote(anonymous_column)}), [{ids}], [{values}], toString({quote(column)}))"
+            sets.append(f"{quote(column)} = CAST({mapped} AS {sql_type})")
+    if not sets:
+        return None
+    ids = ", ".join(literal(a) for a in usable)
+    empty = " AND ".join(f"ifNull(toString({quote(c)}), '') IN ('', '0')" for c in user_columns)
+    return (
+        f"ALTER TABLE {layout.name(table.name)}{layout.on_cluster()} UPDATE {', '.join(sets)} "
+        f"WHERE toString({quote(anonymous_column)}) IN ({ids}) AND {empty}"
+    )
+
+
+def _literal_ok(text: str) -> bool:
+    try:
+        literal(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _fits(value: Any, data_type: DataType | None) -> bool:
+    """`value` (text or None) can be CAST to a column of `data_type` without failing the mutation."""
+    if value is None or not _literal_ok(str(value)):
+        return False
+    if data_type is DataType.INT64:
+        return str(value).lstrip("-").isdigit() and -(2**63) <= int(value) < 2**63
+    if data_type is DataType.FLOAT64:
+        try:
+            float(value)
+        except ValueError:
+            return False
+        return True
+    return data_type is DataType.STRING
+
 
 def field_text(value: Any) -> str:
     """One value, already in its column's type (timestamps as RFC 3339), as TSV text."""

@@ -10,4 +10,5 @@ CAPABILITIES = Capabilities(
     transactions=True,
     ddl_in_transactions=True,
     add_column_if_not_exists=True,
+    users_recognition="update",
 )

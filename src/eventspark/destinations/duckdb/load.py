@@ -94,6 +94,25 @@ class DuckDBWarehouse(SqlWarehouse):
         texts = [[_sql_text(row.get(c)) for row in rows] for c in columns]
         client.execute(statement + self._upsert(table, columns), doing, texts)
 
+    def recognize_users(
+        self, table: Table, anonymous_column: str, user_columns: Sequence[str], pairs: Mapping[str, Sequence[Any]]
+    ) -> None:
+        """One `UPDATE ... FROM` over `unnest`ed text lists (`docs/users-recognition.md`)."""
+        quote, types = self.dialect.quote, table.columns
+        sets = ", ".join(
+            f"{quote(c)} = {cast_expr(f'v.u{i}', DataType.STRING, types[c])}" for i, c in enumerate(user_columns)
+        )
+        names = ["a"] + [f"u{i}" for i in range(len(user_columns))]
+        lists = ", ".join(f"unnest(?::VARCHAR[]) AS {name}" for name in names)
+        empty = " AND ".join(f"{self.name(table.name)}.{quote(c)} IS NULL" for c in user_columns)
+        statement = (
+            f"UPDATE {self.name(table.name)} SET {sets} FROM (SELECT {lists}) AS v "
+            f"WHERE CAST({self.name(table.name)}.{quote(anonymous_column)} AS VARCHAR) = v.a AND {empty}"
+        )
+        texts = [list(pairs)] + [[_sql_text(v[i]) for v in pairs.values()] for i in range(len(user_columns))]
+        with self._session() as client:
+            client.execute(statement, f"recognizing {len(pairs)} users in {table.name!r}", texts)
+
 
 def _sql_text(value: Any) -> str | None:
     """A value as the text the warehouse casts to the column type (datetimes print as ISO 8601)."""

@@ -42,6 +42,8 @@ class EnrichedChain(DestinationChain):
     __slots__ = ()
 
     def process(self, event: dict[str, Any]) -> ChainResult:
+        if self.transform is not None:  # the transformed events, as they are (docs/transforms.md)
+            return self._process_transformed(event)
         try:
             table = self.template.render(event)
         except TemplateEvalError as exc:
@@ -54,6 +56,9 @@ class EnrichedChain(DestinationChain):
                 return refused
         self.lookup.apply(event)
         return Row(table, event, _NO_CASTS)
+
+    def _map(self, event: dict[str, Any]) -> tuple[dict[str, Any], Mapping[str, str]]:
+        return event, _NO_CASTS  # the json format has no mapping
 
 
 @dataclass
@@ -71,8 +76,9 @@ class FilesTarget:
         return {**self.__dict__, "_opened": None}
 
     def chain(self, dest_id: str, dest: Any, geo: Any, ua: Any, check_name: Any) -> DestinationChain:
-        kind = EnrichedChain if self.format == "json" else DestinationChain
-        return kind.build(dest_id, dest, geo, ua, check_name)
+        if self.format == "json":  # events as objects: not flattened, with a transform too
+            return EnrichedChain.build(dest_id, dest, geo, ua, check_name, flat=False)
+        return DestinationChain.build(dest_id, dest, geo, ua, check_name)
 
     def buffer(self, table: str) -> ObjectBuffer:
         return new_buffer(self.format, table)

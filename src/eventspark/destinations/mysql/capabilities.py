@@ -9,4 +9,5 @@ CAPABILITIES = Capabilities(
     transactions=True,
     ddl_in_transactions=False,  # DDL commits the open transaction
     add_column_if_not_exists=False,  # MariaDB has it, MySQL does not
+    users_recognition="update",
 )

@@ -9,4 +9,5 @@ CAPABILITIES = Capabilities(
     transactions=True,
     ddl_in_transactions=True,
     add_column_if_not_exists=True,  # since 9.6
+    users_recognition="update",
 )

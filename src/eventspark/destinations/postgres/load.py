@@ -118,3 +118,22 @@ class PostgresWarehouse(SqlWarehouse):
         tail = ") AS r(v)" + self._upsert(table, columns).replace("%", "%%")
         payload = orjson.dumps([[row.get(c) for c in columns] for row in rows], default=str).decode()
         client.execute(f"{head}%s::jsonb{tail}", doing, [payload])
+
+    def recognize_users(
+        self, table: Table, anonymous_column: str, user_columns: Sequence[str], pairs: Mapping[str, Sequence[Any]]
+    ) -> None:
+        """One `UPDATE ... FROM` over the pairs sent as one JSON parameter (`docs/users-recognition.md`)."""
+        quote, types = self.dialect.quote, table.columns
+        sets = ", ".join(
+            f"{quote(c)} = {cast_expr(f'(v.r->>{i})', DataType.STRING, types[c])}"
+            for i, c in enumerate(user_columns, start=1)
+        )
+        empty = " AND ".join(f"t.{quote(c)} IS NULL" for c in user_columns)
+        anonymous = quote(anonymous_column)
+        # `%` is the driver's placeholder mark: escape it in names.
+        head = f"UPDATE {self.name(table.name)} AS t SET {sets} FROM jsonb_array_elements(".replace("%", "%%")
+        tail = f"::jsonb) AS v(r) WHERE t.{anonymous}::text = (v.r->>0) AND {empty}".replace("%", "%%")
+        payload = orjson.dumps([[anonymous_id, *values] for anonymous_id, values in pairs.items()]).decode()
+        doing = f"recognizing {len(pairs)} users in {table.name!r}"
+        with self._session() as client:
+            client.execute(f"{head}%s{tail}", doing, [payload])

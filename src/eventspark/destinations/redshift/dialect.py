@@ -31,6 +31,7 @@ DIALECT = RedshiftDialect(
         DataType.TIMESTAMP: "timestamp",
     },
     max_identifier_length=127,
+    json_type="SUPER",  # values go through JSON_PARSE (load.text_value)
 )
 
 STAGE_TEXT = "character varying(65535)"

@@ -90,6 +90,8 @@ def text_value(column: str, target_sql: str) -> str:
         return f"CAST(CAST({column} AS TIMESTAMPTZ) AS {target_sql})"
     if target is DataType.BOOL:
         return bool_value(column)
+    if target_sql.strip().lower() == "super":  # a CAST would store the text as a SUPER string
+        return f"JSON_PARSE({column})"
     return f"CAST({column} AS {target_sql})"
 
 
@@ -108,6 +110,8 @@ def parameter_value(target_sql: str) -> str:
         return f"CAST(CAST(%s AS TIMESTAMPTZ) AS {target_sql})"
     if target is DataType.BOOL:
         return bool_value("%s")
+    if target_sql.strip().lower() == "super":  # JSON text (docs/json-columns.md)
+        return "JSON_PARSE(%s)"
     return f"CAST(%s AS {target_sql})"
 
 

@@ -76,6 +76,7 @@ DIALECT = Dialect(
     max_identifier_length=255,
     identifier_length_unit="characters",
     type_parser=data_type_of_snowflake,
+    json_type="VARIANT",  # docs/json-columns.md
 )
 
 

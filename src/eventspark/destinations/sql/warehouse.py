@@ -33,7 +33,7 @@ from eventspark.destinations.base import (
     TerminalError,
     TransientError,
 )
-from eventspark.destinations.sql import stages
+from eventspark.destinations.sql import debug_log, stages
 from eventspark.destinations.sql.statements import (
     copy_statements,
     group_by_non_null,
@@ -121,7 +121,7 @@ class SqlWarehouse(DestinationAdapter):
 
     def _connection(self) -> SqlClient:
         if self._client is None:
-            client = self._connect()
+            client = debug_log.wrap(self._connect(), self.dest_id)  # sql_debug_log, when configured
             try:
                 with self._ddl_transaction(client, "connecting"):
                     for statement in self._prepare_statements():
