@@ -16,6 +16,7 @@ from rich.console import Console
 
 from eventspark.batch.process import process_once
 from eventspark.config.loading import load_config
+from tests.batch.helpers import SPARK
 from tests.collector import conftest as collector_fixtures
 from tests.collector.conftest import Server
 from tests.conftest import pg_conninfo
@@ -44,6 +45,7 @@ def config(datasource: dict[str, Any], mode: str) -> dict[str, Any]:
         "log": {"rotation_min": 60},
         "destinations": {DEST: destination},
         "stream": STREAM_SETTINGS,
+        "spark": SPARK,  # the shared session's settings: `process_once` then reuses it
     }
 
 

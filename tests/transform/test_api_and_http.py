@@ -51,7 +51,7 @@ def test_evaluate_reports_errors_and_limits(server: Server) -> None:
     started = time.monotonic()
     loop = evaluate(server, "while (true) {}")
     assert loop.status_code == 400 and "ran longer than 1000 ms" in loop.json()["error"]
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # 1 s of CPU time; more on a loaded machine
     assert httpx.get(f"{server.url}/ping", timeout=5).status_code == 200  # the event loop was free
     wrong = evaluate(server, "return 'text'")
     assert wrong.status_code == 400 and "the result is a string" in wrong.json()["error"]

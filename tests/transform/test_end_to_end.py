@@ -20,6 +20,7 @@ from rich.console import Console
 
 from eventspark.batch.process import process_once
 from eventspark.config.loading import load_config
+from tests.batch.helpers import SPARK
 from tests.collector import conftest as collector_fixtures
 from tests.collector.conftest import Server
 from tests.conftest import pg_conninfo
@@ -33,6 +34,9 @@ if ($.kind == "skip") return null
 if ($.kind == "loop") { while (true) {} }
 if ($.kind == "alloc") { var a = []; while (true) a.push("x".repeat(65536) + a.length) }
 if ($.kind == "throw") throw new Error("bad event " + $.n)
+if ($.kind == "half") {
+  return [{JITSU_TABLE_NAME: "halves", n: $.n}, {JITSU_TABLE_NAME: "tiny", v: 12345, __sql_type_v: "numeric(3,0)"}]
+}
 if ($.kind == "order") {
   return $.items.map(function (item, i) {
     return {JITSU_TABLE_NAME: "order_items", order: $.n, sku: item.sku, price: item.price,
@@ -73,6 +77,7 @@ def config(datasource: dict[str, Any], mode: str) -> dict[str, Any]:
         "log": {"rotation_min": 60},
         "destinations": {DEST: destination(datasource, mode)},
         "stream": STREAM_SETTINGS,
+        "spark": SPARK,  # the shared test session's settings: `process_once` reuses it
     }
 
 
@@ -135,10 +140,11 @@ def assert_loaded(schema: str, events_dir: Path) -> None:
 
 
 def wait_for(check: Any, timeout: float = 60) -> None:
+    """Until `check()` neither raises nor returns False (the last failure when `timeout` passes)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            check()
+            assert check() is not False, "not yet"
             return
         except (AssertionError, psycopg.errors.UndefinedTable, IndexError):
             if time.monotonic() > deadline:
@@ -153,7 +159,12 @@ def test_stream_worker_transforms_and_survives_hostile_events(
     post(server, EVENTS)
     wait_for(lambda: assert_loaded(pg_schema, server.events_dir))
     post(server, [body(100, "plain")])  # the worker is still alive after the hostile events
-    wait_for(lambda: rows(pg_schema, "SELECT n FROM renamed WHERE n = 100") == [(100,)] or pytest.fail("not yet"))
+    wait_for(lambda: rows(pg_schema, "SELECT n FROM renamed WHERE n = 100") == [(100,)])
+    # An event whose second row the table refuses is not delivered: it fails with that row's reason.
+    post(server, [body(101, "half")])
+    wait_for(lambda: "e101" in failed_lines(server.events_dir))
+    assert "numeric" in failed_lines(server.events_dir)["e101"], failed_lines(server.events_dir)["e101"]
+    assert rows(pg_schema, "SELECT n FROM halves") == [(101,)]  # the row that was accepted stays
     assert server.stop() == 0
     assert "Traceback" not in server.text(), server.text()[-3000:]
 

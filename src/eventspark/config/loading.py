@@ -227,12 +227,20 @@ def _check_unmapped(where: str, dest: Any) -> None:
     (docs/json-columns.md)."""
     from eventspark.destinations.registry import destination_type
     from eventspark.steps.flatten import sanitize_name
+    from eventspark.steps.mapping import JSON_TYPES
 
     layout = dest.data_layout
+    entry = destination_type(dest.type)
+    rules = layout.mappings.fields if layout.mappings is not None else []
+    for index, rule in enumerate(rules):
+        name = (rule.type or "").strip().lower()
+        if name in JSON_TYPES and entry.dialect.json_names and name not in entry.dialect.json_names:
+            known = ", ".join(sorted(entry.dialect.json_names))
+            raise ConfigError(f"{where}.mappings.fields[{index}]: {dest.type} has no type {rule.type!r}; use {known}")
     column = layout.unmapped_column
     if column is None and not layout.schema_freeze:
         return
-    capabilities = destination_type(dest.type).capabilities
+    capabilities = entry.capabilities
     if capabilities.delivery != "tables" or capabilities.stage == "objects":
         raise ConfigError(f"{where}: unmapped_column and schema_freeze apply to SQL destinations, not {dest.type}")
     if column is not None and sanitize_name(column) != column:

@@ -50,6 +50,9 @@ class Dialect:
     json_type: str = "json"
     """The column type of the generic mapping type ``json`` and of ``data_layout.unmapped_column``
     (docs/json-columns.md): values are JSON text, cast by the warehouse."""
+    json_names: frozenset[str] = frozenset({"json"})
+    """The JSON type names (lower case) a mapping may give this warehouse; the config check
+    refuses the others (``jsonb`` on MySQL)."""
 
     def __post_init__(self) -> None:
         missing = [t.name for t in DataType if t not in self.types]

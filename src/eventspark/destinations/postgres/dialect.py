@@ -19,6 +19,7 @@ DIALECT = Dialect(
         DataType.TIMESTAMP: "text",
         DataType.STRING: "text",
     },
+    json_names=frozenset({"json", "jsonb"}),  # docs/json-columns.md
     max_identifier_length=63,  # NAMEDATALEN - 1; longer names are truncated silently by the server
 )
 

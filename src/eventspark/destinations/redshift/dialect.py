@@ -32,6 +32,7 @@ DIALECT = RedshiftDialect(
     },
     max_identifier_length=127,
     json_type="SUPER",  # values go through JSON_PARSE (load.text_value)
+    json_names=frozenset({"json", "super"}),
 )
 
 STAGE_TEXT = "character varying(65535)"

@@ -77,6 +77,7 @@ DIALECT = Dialect(
     identifier_length_unit="characters",
     type_parser=data_type_of_snowflake,
     json_type="VARIANT",  # docs/json-columns.md
+    json_names=frozenset({"json", "variant", "object", "array"}),
 )
 
 
