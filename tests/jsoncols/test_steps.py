@@ -191,3 +191,15 @@ def test_dry_run_shows_json_columns_and_the_unmapped_column(tmp_path: Path) -> N
     assert fields["props"] == ("json", '{"a":[2],"b":1}')
     assert fields["extra"] == ("json", '{"x":1,"y":"z"}')
     assert set(fields) == {"_timestamp", "props", "src", "extra"}
+
+
+def test_a_json_type_the_warehouse_lacks_is_a_config_error(tmp_path: Path) -> None:
+    mysql = {
+        "type": "mysql",
+        "datasource": {"host": "127.0.0.1", "db": "x", "username": "root"},
+        "data_layout": {"mappings": {"fields": [{"src": "/p", "action": "cast", "type": "jsonb"}]}},
+    }
+    with pytest.raises(ConfigError, match=r"fields\[0\]: mysql has no type 'jsonb'; use json"):
+        make_config(tmp_path, {"m": mysql})
+    mysql["data_layout"]["mappings"]["fields"][0]["type"] = "JSON"
+    assert make_config(tmp_path, {"m": mysql}).config.destinations["m"].type == "mysql"

@@ -222,26 +222,26 @@ def apply_defaults(loaded: LoadedConfig, embedded: bool) -> None:
         config.destinations["duckdb"] = DuckDBDestination(type="duckdb")
 
 
-def _check_unmapped(where: str, dest: Any) -> None:
-    """`unmapped_column` is a plain column name; it and `schema_freeze` need a table destination
-    (docs/json-columns.md)."""
+def _check_json_columns(where: str, dest: Any) -> None:
+    """docs/json-columns.md: a mapping's JSON type is one the warehouse has (`Dialect.json_names`);
+    `unmapped_column` is a plain column name; it and `schema_freeze` need an SQL destination."""
     from eventspark.destinations.registry import destination_type
     from eventspark.steps.flatten import sanitize_name
     from eventspark.steps.mapping import JSON_TYPES
 
     layout = dest.data_layout
     entry = destination_type(dest.type)
-    rules = layout.mappings.fields if layout.mappings is not None else []
+    sql = entry.capabilities.delivery == "tables" and entry.capabilities.stage != "objects"
+    rules = layout.mappings.fields if layout.mappings is not None and sql else []
     for index, rule in enumerate(rules):
         name = (rule.type or "").strip().lower()
-        if name in JSON_TYPES and entry.dialect.json_names and name not in entry.dialect.json_names:
+        if name in JSON_TYPES and name not in entry.dialect.json_names:
             known = ", ".join(sorted(entry.dialect.json_names))
             raise ConfigError(f"{where}.mappings.fields[{index}]: {dest.type} has no type {rule.type!r}; use {known}")
     column = layout.unmapped_column
     if column is None and not layout.schema_freeze:
         return
-    capabilities = entry.capabilities
-    if capabilities.delivery != "tables" or capabilities.stage == "objects":
+    if not sql:
         raise ConfigError(f"{where}: unmapped_column and schema_freeze apply to SQL destinations, not {dest.type}")
     if column is not None and sanitize_name(column) != column:
         raise ConfigError(
@@ -272,7 +272,7 @@ def check_steps(config: Config) -> None:
                 Mapper.build(layout.mappings.keep_unmapped, layout.mappings.rules())
             except MappingError as exc:
                 raise ConfigError(f"{where}.mappings: {exc}") from None
-        _check_unmapped(where, dest)
+        _check_json_columns(where, dest)
         try:  # a JavaScript transform compiles now (docs/transforms.md)
             transform_of(dest_id, dest)
         except TransformSyntaxError as exc:
