@@ -21,6 +21,7 @@ import orjson
 import psycopg
 import pytest
 
+from eventspark.steps.context import line_event_id
 from tests.collector.conftest import Server, start_server
 from tests.conftest import PG_DB, PG_HOST, PG_PORT, PG_USER, pg_conninfo
 
@@ -197,7 +198,7 @@ def test_a_line_without_id_in_an_eventnative_named_log_loads_with_the_same_id_tw
     node: Server, schemas: dict[str, str]
 ) -> None:
     line = b'{"event_type":"legacy","_timestamp":"2021-05-11T10:20:30.000000Z","api_key":"web","n":1}'
-    expected = str(uuid.UUID(bytes=hashlib.md5(line).digest(), version=3))
+    expected = line_event_id(line)
     # EventNative's rotated names: a 4-digit fraction, and none at all
     for name in ("incoming.tok=web-2021-05-11T10-20-30.1234.log", "incoming.tok=web-2021-05-11T10-25-00.log"):
         (node.incoming / name).write_bytes(line + b"\n")
@@ -234,4 +235,77 @@ def test_a_replayed_line_without_id_gets_the_same_one_in_stream_mode(node: Serve
     assert answer.status_code == 200, answer.text
     found = rows(schemas["pgs"], "imported_2021_06", "eventn_ctx_event_id, n")
     assert len(found) == 1 and found[0][1] == 2, found
-    assert uuid.UUID(found[0][0]).version == 3  # derived from the line, not random
+    assert uuid.UUID(found[0][0]).version == 8  # derived from the line, not random
+
+
+
+HOSTILE_TIMESTAMPS: list[Any] = [
+    "not a time",
+    "",
+    12345,
+    True,
+    {"a": 1},
+    ["2021-01-01T00:00:00Z"],
+    "2021-02-30T00:00:00Z",
+    "0000-01-01T00:00:00Z",
+    "2021-01-01T00:00:00+25:00",
+    "9" * 5000,
+]
+
+
+def failed_events(events_dir: Path, dest_id: str) -> dict[int, str]:
+    """n → error of the failed `hostile` events of `dest_id`."""
+    found = {}
+    for path in (events_dir / "failed").glob(f"failed.dst={dest_id}*"):
+        for line in path.read_bytes().splitlines():
+            record = orjson.loads(line)
+            if record["event"].get("event_type") == "hostile":
+                found[record["event"]["n"]] = record["error"]
+    return found
+
+
+def hostile_request(server: Server) -> None:
+    """One request: the good event between the hostile ones (the same pass, micro-batch, table)."""
+    events = [{"event_type": "hostile", "n": n, "_timestamp": stamp} for n, stamp in enumerate(HOSTILE_TIMESTAMPS)]
+    events.insert(3, {"event_type": "hostile", "n": 99, "_timestamp": "2020-07-08T09:10:11Z"})
+    answer = httpx.post(f"{server.url}/api/v1/s2s/event", params={"token": S2S_KEY}, json=events, timeout=10)
+    assert answer.status_code == 200, answer.text
+
+
+def check_hostile(server: Server, schemas: dict[str, str], table: str, reason: str) -> None:
+    body = batch_run(server)
+    assert body["status"] == "ok", body
+    for dest_id in MODES:
+        assert rows(schemas[dest_id], table, "n") == [(99,)], dest_id
+        deadline = time.monotonic() + 30
+        while len(failed := failed_events(server.events_dir, dest_id)) < len(HOSTILE_TIMESTAMPS):
+            assert time.monotonic() < deadline, (dest_id, failed)
+            time.sleep(0.2)
+        assert sorted(failed) == list(range(len(HOSTILE_TIMESTAMPS))), (dest_id, failed)
+        for n, error in failed.items():
+            assert reason in error, (dest_id, n, error)
+
+
+def test_a_hostile_client_timestamp_fails_only_its_event_in_a_monthly_table(
+    node: Server, schemas: dict[str, str]
+) -> None:
+    hostile_request(node)
+    check_hostile(node, schemas, "hostile_2020_07", "table_name_template")
+
+
+def test_a_hostile_client_timestamp_fails_only_its_event_at_load(tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:10]
+    schemas = {dest_id: f"par_ts_{dest_id}_{tag}" for dest_id in MODES}
+    config = config_of(schemas, tmp_path / "events")
+    for dest in config["destinations"].values():
+        dest["data_layout"]["table_name_template"] = "{{.event_type}}"
+    server = start_server(tmp_path, config)
+    try:
+        hostile_request(server)
+        check_hostile(server, schemas, "hostile", "_timestamp")
+    finally:
+        server.stop()
+        with psycopg.connect(pg_conninfo(), autocommit=True) as conn:
+            for name in schemas.values():
+                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    assert "Traceback" not in server.text(), server.text()[-3000:]

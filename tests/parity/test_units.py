@@ -46,6 +46,9 @@ def test_absent_or_null_timestamp_and_ip_are_filled() -> None:
 def test_a_non_string_timestamp_is_kept_for_the_load_to_judge() -> None:
     # kept as EventNative did; typing then fails the event with the reason (tests/steps/test_typing)
     assert enrich({"_timestamp": 1700000000})["_timestamp"] == 1700000000
+    # a subtree would flatten away (no `_timestamp` column at all): its JSON text fails at load
+    assert enrich({"_timestamp": {"a": [1]}})["_timestamp"] == '{"a":[1]}'
+    assert enrich({"_timestamp": []})["_timestamp"] == "[]"
 
 
 def test_js_src_is_kept_and_s2s_src_only_filled() -> None:
@@ -97,8 +100,8 @@ def test_a_line_without_id_gets_a_deterministic_one() -> None:
     event: dict[str, Any] = {"event_type": "x"}
     ensure_event_id(event, line + b"\n")  # the line ending does not count
     given = uuid.UUID(event["eventn_ctx_event_id"])
-    assert (given.version, given.variant) == (3, uuid.RFC_4122)
-    assert given.bytes[:6] == hashlib.md5(line).digest()[:6]  # name-based: md5 of the line
+    assert (given.version, given.variant) == (8, uuid.RFC_4122)
+    assert given.bytes[:6] == hashlib.sha256(line).digest()[:6]  # derived from the line's SHA-256
     assert line_event_id(line) == str(given)
     assert line_event_id(b'{"event_type":"y"}') != str(given)
 

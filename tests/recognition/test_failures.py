@@ -68,3 +68,21 @@ def test_an_unreachable_redis_index_does_not_stop_loading(tmp_path: Path) -> Non
         assert harness.failed() == []
     finally:
         harness.close()
+
+
+def test_a_value_that_does_not_fit_its_column_fails_no_other(tmp_path: Path) -> None:
+    """A user id that its column cannot take (text into a numeric user_id) is left out of the
+    statement: the other ids of the table still get theirs, and nothing stays pending."""
+    path = tmp_path / "w.duckdb"
+    harness = Harness.build(make_config(tmp_path, {"dd": duckdb_stream(path, "{{.event_type}}")}, **RECOGNITION), "dd")
+    try:
+        harness.append(page(1, "a0", id=42), page(2, "a1"), page(3, "a2"))  # pageview.user_id: a number
+        harness.drain()
+        harness.append(page(4, "a1", "identify", id="abc"), page(5, "a2", "identify", id="7"))
+        harness.drain()
+        assert read(harness, path, "pageview") == {"e0001": 42, "e0002": None, "e0003": 7}
+        recognition = harness.worker.recognition
+        assert recognition is not None and recognition.recognizer.index.pending() == set()
+        assert harness.failed() == []
+    finally:
+        harness.close()

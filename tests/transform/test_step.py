@@ -1,6 +1,7 @@
 """The transform step and the chain around it: EventNative's doc examples and hostile transforms."""
 
 import pickle
+import signal
 import threading
 import time
 
@@ -8,6 +9,7 @@ import pytest
 
 from eventspark.config.loading import ConfigError, build_loaded
 from eventspark.destinations.duckdb.configuration import DuckDBDestination
+from eventspark.steps import transform as transform_module
 from eventspark.steps.chain import DestinationChain, Failure, Row
 from eventspark.steps.transform import Transform, TransformFailed, TransformSyntaxError
 
@@ -185,3 +187,29 @@ def test_chain_with_transform_pickles() -> None:
     chain = chain_for("return {...$, x: 1}")
     copy = pickle.loads(pickle.dumps(chain))
     assert copy.process(dict(EVENT)).values == chain.process(dict(EVENT)).values
+
+
+def test_a_crashed_engine_fails_the_event_and_a_new_one_starts() -> None:
+    transform = Transform("return {...$, ok: 1}")
+    assert transform.run({"a": 1}) == [{"a": 1, "ok": 1}]
+    engine = transform_module._context(transform).process
+    engine.send_signal(signal.SIGSEGV)  # what QuickJS does on some out-of-memory paths
+    engine.wait()
+    with pytest.raises(TransformFailed, match="the JavaScript engine crashed on this event"):
+        transform.run({"a": 2})
+    assert transform.run({"a": 3}) == [{"a": 3, "ok": 1}]
+    assert transform_module._context(transform).process.pid != engine.pid
+
+
+def test_a_stuck_engine_is_stopped_by_the_wall_clock_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transform_module, "WALL_LIMIT_MIN_SEC", 0.5)
+    monkeypatch.setattr(transform_module, "WALL_LIMIT_FACTOR", 0.1)
+    transform = Transform("return $", timeout_ms=2000)
+    engine = transform_module._context(transform).process
+    engine.send_signal(signal.SIGSTOP)  # alive, never answering
+    started = time.monotonic()
+    with pytest.raises(TransformFailed, match=r"did not answer within 0\.5 s"):
+        transform.run({})
+    assert time.monotonic() - started < 5
+    assert engine.poll() is not None
+    assert transform.run({"b": 1}) == [{"b": 1}]

@@ -212,7 +212,7 @@ class BatchJob:
     def _recognize(self, collected: _Collected, adapters: dict[str, DestinationAdapter]) -> None:
         """Users recognition after the commits: earlier anonymous rows get their user's id."""
         for dest_id, seen in sorted(collected.sightings.items()):
-            recognizer = Recognizer.build(self.config, dest_id, self.config.destinations[dest_id])
+            recognizer = Recognizer.build(self.config, dest_id, self.config.destinations[dest_id], self.coordination)
             if recognizer is None or dest_id not in adapters:
                 continue
             started = time.monotonic()

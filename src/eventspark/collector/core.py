@@ -35,7 +35,7 @@ from eventspark.ops.metrics import Snapshots, process_snapshots
 from eventspark.ops.passes import RotationRequests
 from eventspark.ops.status import StatusReader
 from eventspark.steps.context import enrich_context, utc_timestamp
-from eventspark.stream.queue import queue_dir
+from eventspark.stream.queue import QueueWriter, queue_dir
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,9 @@ class Collector:
         self.sources_watch: SourcesWatch | None = None
         """The config published by the serving process when api_keys or destinations are URLs."""
         self._following: asyncio.Task[None] | None = None
+        self._retired: dict[str, QueueWriter] = {}
+        """Spools of stream destinations a reload removed: open until `close`, because a request
+        that took its route before the reload may still write there or wait on their fsync."""
         self._open = False
 
     # --- life cycle -------------------------------------------------------------------------------
@@ -117,7 +120,7 @@ class Collector:
             self._following = None
         if self.group_commit is not None:
             self.group_commit.stop()
-        for spool in self.spools.values():
+        for spool in [*self.spools.values(), *self._retired.values()]:
             spool.close(sync=self.logs.fsync)
         rotated = self.logs.close()
         if self.snapshots is not None:
@@ -157,22 +160,22 @@ class Collector:
                 continue
             try:  # validated by the serving process already: this should not fail
                 loaded = await asyncio.to_thread(build_loaded, raw, False)
-            except Exception:
+                self.reconfigure(loaded.config)
+            except Exception:  # e.g. a queue directory that cannot be created: the next one may do
                 logger.exception("cannot use the reloaded config; keeping the current one")
-                continue
-            self.reconfigure(loaded.config)
 
     def reconfigure(self, config: Config) -> None:
         """Switches to the tokens and destinations of `config` (other sections are the same):
-        stream spools of kept destinations stay open, removed ones are closed (their queues stay
-        on disk), a token without destinations is answered 422 as at start. On the loop's thread."""
+        stream spools of kept destinations stay open; removed ones are retired, not closed (see
+        `_retired`; their queues stay on disk, and take up again if the destination comes back);
+        a token without destinations is answered 422 as at start. On the loop's thread, so no
+        handler runs in between; nothing changes when it raises."""
         tokens = TokenTable(config.api_keys)
-        routes, spools = build_routes(config, tokens.tokens, self.logs, self.worker, self.spools)
-        for dest_id, spool in self.spools.items():
-            if dest_id not in spools:
-                spool.close(sync=self.logs.fsync)
+        known = {**self._retired, **self.spools}
+        routes, spools = build_routes(config, tokens.tokens, self.logs, self.worker, known)
         for dest_id in spools:
             queue_dir(self.log_path, dest_id).mkdir(parents=True, exist_ok=True)
+        self._retired = {dest_id: spool for dest_id, spool in known.items() if dest_id not in spools}
         for token_id in routes:
             self.accepted.setdefault(token_id, 0)
         self.config, self.tokens, self._plain_queries = config, tokens, tokens.by_plain_query
@@ -252,5 +255,6 @@ class Collector:
         count = len(events)
         self.write(route, token, self.prepare(events, secret, ip, user_agent, server_side), count)
         if self.events_cache is not None and count:  # a counter check; records go to a thread
-            self.events_cache.accepted(self._cached_destinations[token.id], token.id, events)
+            # .get: a reload may have removed the token while its request was read
+            self.events_cache.accepted(self._cached_destinations.get(token.id, ()), token.id, events)
         return count > 0 and self.group_commit is not None

@@ -273,8 +273,10 @@ def check_steps(config: Config) -> None:
             except MappingError as exc:
                 raise ConfigError(f"{where}.mappings: {exc}") from None
         _check_json_columns(where, dest)
-        try:  # a JavaScript transform compiles now (docs/transforms.md)
-            transform_of(dest_id, dest)
+        try:  # a JavaScript transform compiles now (docs/transforms.md); its engine is not kept
+            transform = transform_of(dest_id, dest)
+            if transform is not None:
+                transform.close()
         except TransformSyntaxError as exc:
             raise ConfigError(f"destinations.{dest_id}.transform: {exc}") from None
         for token in unknown_tokens(dest, config.api_keys):

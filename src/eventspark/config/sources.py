@@ -127,9 +127,13 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
     """Follows redirects, but sends the basic auth credentials to their own host only."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        target = urllib.parse.urlsplit(newurl)
+        if target.scheme not in ("http", "https"):  # urllib would follow ftp:// too
+            raise urllib.error.HTTPError(newurl, code, f"redirect to {target.scheme}: refused", headers, fp)
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
-            new.remove_header("Authorization")
+        origin = urllib.parse.urlsplit(req.full_url)
+        if new is not None and (target.netloc, target.scheme) != (origin.netloc, origin.scheme):
+            new.remove_header("Authorization")  # nor in clear text after a redirect to http://
         return new
 
 
@@ -237,7 +241,13 @@ def publish(log_path: Path, raw: dict[str, Any] | None) -> None:
     digest = _published[log_path] = hashlib.sha256(body).hexdigest()
     document = orjson.dumps({"digest": digest, "raw": orjson.Fragment(body)})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(document)
+    # Owner only: the document holds the tokens' secrets and the destinations' passwords.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a leftover tmp file of an earlier crash keeps its own mode otherwise
+        os.write(fd, document)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)  # readers see the old file or the new one, never half of one
 
 

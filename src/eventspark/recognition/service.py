@@ -1,14 +1,18 @@
 """Setting user ids on earlier anonymous rows, after a batch pass's commits or a stream flush.
 
-`Recognizer.run(adapter, sightings)`:
-1. records the tables of this batch's anonymous ids and the identities it found in the index;
-2. takes the ids to settle: those identified now, anonymous ones whose user the index already
-   knows (identified earlier: their new rows get the user too) and those whose update failed;
-3. per table where those ids have rows without a user, one `recognize_users` call (an UPDATE,
-   or a ClickHouse mutation) for all of them; a table that lacks the anonymous or every user
-   column is left alone (nothing to set: columns are never added for this);
-4. forgets the (id, table) entries it settled; an update that fails leaves them, marks the ids
-   pending and is tried again on the next run (the identity stays in the index meanwhile).
+Two steps, so that no id waits only in memory (`docs/users-recognition.md`):
+- `Recognizer.record(sightings)` writes a batch's ids into the index: the tables of its anonymous
+  ids, the identities it found, and, as "pending", the ids to settle (those identified now and the
+  anonymous ones whose user the index already knows: identified earlier, their new rows get the
+  user too). A stream worker records every flush at once, even when it settles later (ClickHouse).
+- `Recognizer.settle(adapter)` takes the pending ids: per table where they have rows without a
+  user, one `recognize_users` call (an UPDATE, or a ClickHouse mutation) for all of them; then
+  forgets the (id, table) entries it settled. An update that fails leaves its ids pending for the
+  next settle (the identity stays in the index meanwhile).
+
+A table whose rows were all anonymous has no user column yet: the missing ones are added as
+text, like any table patch (`destinations.sync`): under the table's coordination lock, within
+`max_columns` and `schema_freeze`, bumping its version so that other nodes read it again.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from eventspark.coordination import Coordination, CoordinationError
 from eventspark.destinations.base import DestinationAdapter, DestinationError
 from eventspark.destinations.registry import destination_type
+from eventspark.destinations.sync import LOCK_TIMEOUT, sync_table, table_lock
 from eventspark.recognition.index import MemoryIndex, RecognitionIndex
-from eventspark.steps.diff import Table, TablePatch
+from eventspark.steps.diff import ColumnLimitError, Table, UnmappedRule
 from eventspark.steps.mapping import Mapper
 from eventspark.steps.recognition import Identity, RecognitionColumns, Sightings, missing_user_columns
-from eventspark.steps.typing import DataType
+from eventspark.steps.typing import DataType, coerce, format_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +81,22 @@ def columns_of(section: Any, dest: Any) -> RecognitionColumns:
     return RecognitionColumns.build(section.anonymous_id_node, section.nodes(), mapper)
 
 
+@dataclass(frozen=True, slots=True)
+class Patching:
+    """How the destination's tables are patched (`destinations.sync`), which recognition follows
+    when it adds user columns: the coordination store (lock, version) and the column rules."""
+
+    coordination: Coordination
+    max_columns: int
+    unmapped: UnmappedRule | None
+
+    @classmethod
+    def of(cls, config: Any, dest: Any, coordination: Coordination) -> Patching:
+        layout = dest.data_layout
+        max_columns = layout.max_columns or config.server.max_columns
+        return cls(coordination, max_columns, UnmappedRule.of(layout, max_columns))
+
+
 @dataclass(slots=True)
 class RunResult:
     """What one run did: statements issued, ids settled, ids left pending."""
@@ -90,35 +112,53 @@ class RunResult:
 
 
 class Recognizer:
-    """Users recognition for one destination."""
+    """Users recognition for one destination (one thread uses it at a time)."""
 
-    def __init__(self, dest_id: str, columns: RecognitionColumns, index: RecognitionIndex) -> None:
+    def __init__(self, dest_id: str, columns: RecognitionColumns, index: RecognitionIndex, patching: Patching) -> None:
         self.dest_id = dest_id
         self.columns = columns
         self.index = index
+        self.patching = patching
         self._paused_until = 0.0
+        self._recent: dict[str, set[str]] = {}
+        """Tables of the ids this recognizer recorded to settle, until its next settle: another node
+        settling the same id may drop the index's entry between this node's load and its settle."""
 
     @classmethod
-    def build(cls, config: Any, dest_id: str, dest: Any) -> Recognizer | None:
+    def build(cls, config: Any, dest_id: str, dest: Any, coordination: Coordination) -> Recognizer | None:
         section = recognition_of(config, dest)
         if section is None:
             return None
-        return cls(dest_id, columns_of(section, dest), build_index(config, dest_id, section))
+        index = build_index(config, dest_id, section)
+        return cls(dest_id, columns_of(section, dest), index, Patching.of(config, dest, coordination))
 
     def run(self, adapter: DestinationAdapter, sightings: Sightings) -> RunResult:
-        """Steps 1-4 of the module's docstring. Index errors are logged: rows stay as loaded."""
-        if time.monotonic() < self._paused_until:
+        """`record`, then `settle` (a batch pass). Index errors are logged: rows stay as loaded."""
+        if not self.record(sightings):
             return RunResult(skipped=True)
+        return self.settle(adapter)
+
+    def record(self, sightings: Sightings) -> bool:
+        """Writes the ids into the index; False when the index is away (nothing was recorded)."""
+        return self._guarded(lambda: self._record(sightings), False)
+
+    def settle(self, adapter: DestinationAdapter) -> RunResult:
+        """Sets the user of the pending ids' rows; skipped (logged) when the index is away."""
+        return self._guarded(lambda: self._settle(adapter), RunResult(skipped=True))
+
+    def _guarded(self, step: Any, skipped: Any) -> Any:
+        if time.monotonic() < self._paused_until:
+            return skipped
         try:
-            return self._run(adapter, sightings)
-        except DestinationError:
+            return step()
+        except (DestinationError, CoordinationError):
             raise
         except Exception as exc:  # the index (Redis) is away: recognition waits, loading does not
             log.warning("users recognition of %s skipped: %s: %s", self.dest_id, type(exc).__name__, exc)
             self._paused_until = time.monotonic() + INDEX_PAUSE_SEC
-            return RunResult(skipped=True)
+            return skipped
 
-    def _run(self, adapter: DestinationAdapter, sightings: Sightings) -> RunResult:
+    def _record(self, sightings: Sightings) -> bool:
         if sightings.dropped:
             log.warning(
                 "users recognition of %s: %d rows past the bound were not tracked", self.dest_id, sightings.dropped
@@ -129,34 +169,44 @@ class Recognizer:
                 by_id.setdefault(anonymous_id, set()).add(table)
         self.index.add_tables(by_id)
         self.index.set_identities(sightings.identified)
-        pending = self.index.pending()
         known = self.index.identities(set(by_id) - set(sightings.identified))
-        identities = {**known, **self.index.identities(pending - set(sightings.identified)), **sightings.identified}
-        if not identities:
-            return RunResult()
-        work = _by_table(self.index.tables(identities), identities)
-        return self._update(adapter, work, pending)
+        to_settle = set(sightings.identified) | set(known)
+        self.index.add_pending(to_settle)
+        for anonymous_id in to_settle & set(by_id):
+            self._recent.setdefault(anonymous_id, set()).update(by_id[anonymous_id])
+        return True
 
-    def _update(
-        self, adapter: DestinationAdapter, work: dict[str, dict[str, Identity]], pending: set[str]
-    ) -> RunResult:
+    def _settle(self, adapter: DestinationAdapter) -> RunResult:
+        recent, self._recent = self._recent, {}
+        pending = self.index.pending() | set(recent)
+        if not pending:
+            return RunResult()
+        identities = self.index.identities(pending)
+        tables = self.index.tables(identities)
+        for anonymous_id, names in recent.items():
+            if anonymous_id in identities:
+                tables.setdefault(anonymous_id, set()).update(names)
+        result, failed = self._update(adapter, _by_table(tables, identities))
+        self.index.drop_pending(pending - failed)
+        self.index.add_pending(failed)
+        return result
+
+    def _update(self, adapter: DestinationAdapter, work: dict[str, dict[str, Identity]]) -> tuple[RunResult, set[str]]:
+        """The updates of every table; the ids of the tables that failed (to retry)."""
         result = RunResult()
         failed: set[str] = set()
         done: set[str] = set()
         for table_name, pairs in sorted(work.items()):
             try:
                 result.updates += self._update_table(adapter, table_name, pairs)
-            except DestinationError as exc:
+            except (DestinationError, CoordinationError) as exc:
                 log.warning("users recognition of %s/%s failed, retried later: %s", self.dest_id, table_name, exc)
                 failed.update(pairs)
                 continue
             self.index.drop_tables(table_name, pairs)
             done.update(pairs)
-        settled = (done | pending) - failed
-        self.index.drop_pending(settled & pending)
-        self.index.add_pending(failed)
         result.settled, result.pending = len(done - failed), len(failed)
-        return result
+        return result, failed
 
     def _update_table(self, adapter: DestinationAdapter, table_name: str, pairs: Mapping[str, Identity]) -> int:
         """The statements for one table (one per UPDATE_IDS ids); 0 when it has nothing to set."""
@@ -168,27 +218,58 @@ class Recognizer:
         if found is None:
             return 0
         anonymous, users = found
-        values = {a: [identity[i] if i < len(identity) else None for i, _ in users] for a, identity in pairs.items()}
-        values = {a: v for a, v in values.items() if any(x is not None for x in v)}
-        items = list(values.items())
+        types = [adapter.data_type_of(table.columns[column]) for _, column in users]
+        values = {
+            a: [_fit(identity, i, t) for (i, _), t in zip(users, types, strict=True)] for a, identity in pairs.items()
+        }
+        items = [(a, v) for a, v in values.items() if any(x is not None for x in v)]
         for start in range(0, len(items), UPDATE_IDS):
             part = dict(items[start : start + UPDATE_IDS])
             adapter.recognize_users(table, anonymous, [column for _, column in users], part)
         return (len(items) + UPDATE_IDS - 1) // UPDATE_IDS
 
     def _with_user_columns(self, adapter: DestinationAdapter, table: Table, pairs: Mapping[str, Identity]) -> Table:
-        """The table, with the user columns it lacks added (text; never changed or dropped): its
-        rows were all anonymous until now, so no row of it had the columns to add them."""
+        """The table, with the user columns it lacks added as text (its rows were all anonymous
+        until now): a table patch like a load's, under the table's lock and rules."""
         with_values = {i for identity in pairs.values() for i, value in enumerate(identity) if value is not None}
         missing = missing_user_columns(self.columns, table.columns, with_values)
         if not missing:
             return table
         text = adapter.dialect.types[DataType.STRING]
-        adapter.patch(TablePatch(table.name, add_columns=dict.fromkeys(missing, text)))
-        return adapter.read_table(table.name) or table
+        wanted = Table(table.name, dict.fromkeys(missing, text))
+        patching = self.patching
+        lock = table_lock(self.dest_id, table.name)
+        try:
+            with patching.coordination.lock(lock, LOCK_TIMEOUT):
+                synced = sync_table(
+                    adapter, patching.coordination, lock, wanted, patching.max_columns, patching.unmapped
+                )
+        except ColumnLimitError as exc:  # schema_freeze or max_columns: the rows stay anonymous
+            log.info("users recognition of %s/%s: user columns not added: %s", self.dest_id, table.name, exc)
+            return adapter.read_table(table.name) or table
+        if synced.patch is not None:
+            log.info("users recognition of %s/%s: added %s", self.dest_id, table.name, ", ".join(missing))
+        return synced.table
 
     def close(self) -> None:
         self.index.close()
+
+
+def _fit(identity: Identity, index: int, data_type: DataType | None) -> str | None:
+    """The identity's value of node `index` as text its column takes (None: absent, or it does not
+    fit, e.g. an email into a bigint column: one such value must not fail the whole statement)."""
+    value = identity[index] if index < len(identity) else None
+    if value is None or data_type is None:  # None: a type the warehouse casts (uuid, json...)
+        return value
+    try:
+        converted = coerce(value, data_type)
+    except ValueError:
+        return None
+    if isinstance(converted, bool):
+        return "true" if converted else "false"
+    if data_type is DataType.TIMESTAMP:
+        return format_timestamp(converted)  # type: ignore[arg-type]
+    return str(converted)
 
 
 def _by_table(
@@ -201,14 +282,4 @@ def _by_table(
     return work
 
 
-def sightings_of(columns: RecognitionColumns, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> Sightings:
-    """The sightings of (table, row values) pairs: a stream flush's delivered rows."""
-    found = Sightings()
-    for table, values in rows:
-        sighting = columns.read(values)
-        if sighting is not None:
-            found.add(table, sighting)
-    return found
-
-
-__all__ = ["Recognizer", "RunResult", "build_index", "columns_of", "recognition_of", "sightings_of"]
+__all__ = ["Patching", "Recognizer", "RunResult", "build_index", "columns_of", "recognition_of"]

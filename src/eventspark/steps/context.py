@@ -7,7 +7,8 @@ Rules, derived from the design document and every EventNative test vector in
 * ``source_ip`` (see :func:`client_ip`) and ``_timestamp`` (receive time, UTC) are filled only
   when the body has no such key or holds null there, as EventNative 1.41 did: a backfill keeps
   its own time (and lands in its month's table). A kept ``_timestamp`` that is not an RFC 3339
-  string fails the event at load, with the reason, in ``failed/``.
+  string fails the event at load, with the reason, in ``failed/`` (an object or array is kept
+  as its JSON text for that: flattened, it would load the event without a time).
 * An event is *nested* (EventNative 1.x format) when ``eventn_ctx`` is an object, otherwise
   *flat* (JS SDK 2.x, mobile SDKs, most server-to-server senders).
 * JS endpoint: the ``User-Agent`` header goes to ``eventn_ctx.user_agent`` for nested events
@@ -37,10 +38,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from hashlib import md5
+from hashlib import md5, sha256
 from time import time_ns
 from typing import Any
 from uuid import UUID
+
+import orjson
 
 __all__ = [
     "client_ip",
@@ -197,10 +200,15 @@ def enrich_context(
     sent_ip = event.get("source_ip")
     if sent_ip is None:
         event["source_ip"] = source_ip
-    if event.get("_timestamp") is None:
+    sent_timestamp = event.get("_timestamp")
+    if sent_timestamp is None:
         if timestamp is None:
             timestamp = utc_timestamp() if now is None else format_timestamp(now)
         event["_timestamp"] = timestamp
+    elif sent_timestamp.__class__ is dict or sent_timestamp.__class__ is list:
+        # A subtree would flatten into `_timestamp_*` columns and load the event without a time;
+        # as JSON text it fails at load (or in a template) with the reason, like any bad value.
+        event["_timestamp"] = orjson.dumps(sent_timestamp).decode()
     event["api_key"] = token
     ctx = event.get(_EVENTN_CTX)
     nested = isinstance(ctx, dict)
@@ -263,9 +271,13 @@ def ensure_event_id(event: dict[str, Any], line: bytes) -> None:
 
 
 def line_event_id(line: bytes) -> str:
-    """A name-based (version 3, md5) UUID of the line, surrounding whitespace ignored."""
-    digest = md5(line.strip(), usedforsecurity=False).digest()
-    return str(UUID(bytes=digest, version=3))
+    """A UUID derived from the line (surrounding whitespace ignored): the first 122 bits of its
+    SHA-256 in a version 8 (RFC 9562, custom) UUID. Different lines get different ids (no
+    collision can be found or made, unlike with md5); byte-identical lines are taken as the same
+    event delivered twice, as a retried pass or rerun loads it."""
+    value = int.from_bytes(sha256(line.strip()).digest()[:16])
+    value = (value & ~(0xF << 76) & ~(0x3 << 62)) | (0x8 << 76) | (0x2 << 62)  # version 8, RFC variant
+    return str(UUID(int=value))
 
 
 def merge_template(template: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,8 @@ EventNative's "last statement" rewrite did. Each event object may carry two conv
 `__sql_type_<field>` (the column type of `<field>`: `"numeric(12,2)"`, or `["type"]` /
 `["type", "column DDL"]`).
 
-Engine: QuickJS (the `quickjs` wheel), in-process, with no I/O at all (no `std`/`os` modules, no
+Engine: QuickJS (the `quickjs` wheel), in a child process per thread (`steps/transform_host.py`:
+QuickJS can crash its process on some out-of-memory paths), with no I/O at all (no `std`/`os` modules, no
 fetch). Events go in and out as JSON text. Each call has a CPU-time limit, the context a memory
 limit and a stack limit: an endless loop, a huge allocation or a deep recursion fails that event
 (`TransformFailed`, whose message names the cause) and the context stays usable (it is rebuilt
@@ -17,11 +18,17 @@ after anything unexpected). A QuickJS context is not thread-safe: each thread ge
 
 from __future__ import annotations
 
+import contextlib
+import select
+import subprocess
+import sys
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
+
+from eventspark.steps.transform_host import HEADER, read_frame
 
 DEFAULT_TIMEOUT_MS = 1000
 """CPU time one call may take before it is interrupted."""
@@ -35,28 +42,16 @@ MAX_RESULT_EVENTS = 1000
 MAX_RESULT_BYTES = 16 * 1024 * 1024
 """Largest result, as JSON text."""
 MAX_ERROR_CHARS = 500
-MAX_CONTEXTS = 64
-"""Contexts one thread keeps (one per distinct transform and limits): bounded, reloads add more."""
+MAX_CONTEXTS = 16
+"""Engines one thread keeps (one per distinct transform and limits): bounded, reloads add more."""
+WALL_LIMIT_FACTOR = 20
+WALL_LIMIT_MIN_SEC = 30.0
+"""The wall-clock guard of one call: 20 × the CPU-time limit, at least 30 s (a loaded machine
+stretches CPU time into more wall time: only a stuck engine hits this)."""
 
 TABLE_NAME_KEYS = ("JITSU_TABLE_NAME", "__JITSU_TABLE_NAME")
 """The table of one returned event; the second is EventNative's first spelling."""
 SQL_TYPE_PREFIX = "__sql_type_"
-
-# The runner: `$` and `_` are the event (EventNative offered both). The body is compiled by
-# `new Function`, so it can never break out of its function; an expression body is tried first.
-_PRELUDE = """
-var __es_body = %s;
-var __es_fn = (function () {
-  try { return new Function("$", "_", "return (" + __es_body + "\\n);"); } catch (e) {}
-  return new Function("$", "_", __es_body);
-})();
-__es_body = undefined;
-function __es_run(text) {
-  var $ = JSON.parse(text);
-  var result = __es_fn($, $);
-  return result === undefined || result === null ? null : JSON.stringify(result);
-}
-"""
 
 
 class TransformSyntaxError(ValueError):
@@ -95,6 +90,10 @@ class Transform:
         _context(transform)
         return transform
 
+    def close(self) -> None:
+        """Stops this thread's engine of the transform (the next run starts a new one)."""
+        _forget(self)
+
     def run(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The events the transform makes of `event` (none: skip it); raises TransformFailed."""
         return parse_result(self.run_text(orjson.dumps(event).decode()))
@@ -103,18 +102,15 @@ class Transform:
         """The transform's result as JSON text (None for null/undefined); raises TransformFailed."""
         runner = _context(self)
         try:
-            result = runner.call(event_json)
-        except Exception as exc:  # every engine error fails the event alone
-            if not _is_js_error(exc):  # not the script's own doing: start from a fresh context
-                _forget(self)
-            raise TransformFailed(_describe(exc, self)) from None
-        finally:
-            runner.after_call()
-        if result is not None and not isinstance(result, str):
-            raise TransformFailed(f"unexpected result {type(result).__name__}")
-        if result is not None and len(result) > MAX_RESULT_BYTES:
+            kind, text = runner.call(event_json)
+        except _HostDied as exc:  # the engine crashed (or overran the wall-clock guard): a new one next time
+            _forget(self)
+            raise TransformFailed(str(exc)) from None
+        if kind == "E":
+            raise TransformFailed(_describe(text, self))
+        if text is not None and len(text) > MAX_RESULT_BYTES:
             raise TransformFailed(f"the result is larger than {MAX_RESULT_BYTES // (1024 * 1024)} MiB")
-        return result
+        return text
 
 
 def parse_result(text: str | None) -> list[dict[str, Any]]:
@@ -148,10 +144,8 @@ def _js_type(value: object) -> str:
     return "null"
 
 
-def _describe(exc: BaseException, transform: Transform) -> str:
-    """A short reason: the engine's first line (its stack traces repeat the frames)."""
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
+def _describe(first: str, transform: Transform) -> str:
+    """A short reason from the engine's first line of the error (its stack traces repeat frames)."""
     if first == "InternalError: interrupted":
         return f"the transform ran longer than {transform.timeout_ms} ms (CPU time) and was stopped"
     if first in ("", "null") or "out of memory" in first:
@@ -161,63 +155,104 @@ def _describe(exc: BaseException, transform: Transform) -> str:
     return first[:MAX_ERROR_CHARS]
 
 
-class _Runner:
-    """A QuickJS context with the transform loaded; used by one thread only."""
+class _HostDied(Exception):
+    """The engine's process ended or stopped answering."""
 
-    __slots__ = ("context", "function", "healthy")
+
+class _Runner:
+    """The process running one transform (`steps/transform_host.py`), used by one thread only."""
+
+    __slots__ = ("process", "wall_limit")
 
     def __init__(self, transform: Transform) -> None:
-        import quickjs  # lazily: only destinations with a transform need the engine
-
-        context = quickjs.Context()
-        context.set_memory_limit(transform.memory_mb * 1024 * 1024)
-        context.set_max_stack_size(STACK_BYTES)
-        context.set_time_limit(transform.timeout_ms / 1000)
-        for name, value in transform.variables.items():
-            context.set(name, value)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "eventspark.steps.transform_host"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        # The engine limits CPU time; this bounds wall-clock time too (a starved or stuck engine).
+        self.wall_limit = max(WALL_LIMIT_MIN_SEC, transform.timeout_ms / 1000 * WALL_LIMIT_FACTOR)
+        settings = {
+            "source": transform.source,
+            "timeout_ms": transform.timeout_ms,
+            "memory_mb": transform.memory_mb,
+            "stack_bytes": STACK_BYTES,
+            "variables": transform.variables,
+        }
         try:
-            context.eval(_PRELUDE % orjson.dumps(transform.source).decode())
-        except Exception as exc:  # the engine's SyntaxError, or a limit at load
-            text = str(exc).strip()
-            raise TransformSyntaxError(text.splitlines()[0] if text else "the transform does not compile") from None
-        self.context = context
-        self.function = context.get("__es_run")
-        self.healthy = True
+            kind, text = self.request(b"L" + orjson.dumps(settings))
+        except _HostDied as exc:
+            self.close()
+            raise TransformSyntaxError(f"the JavaScript engine did not start: {exc}") from None
+        if kind == "S":
+            self.close()
+            raise TransformSyntaxError(text or "the transform does not compile")
 
-    def call(self, event_json: str) -> Any:
-        self.healthy = False  # until the call returns: anything unexpected rebuilds the context
-        result = self.function(event_json)
-        self.healthy = True
-        return result
+    def call(self, event_json: str) -> tuple[str, str | None]:
+        """("O", result JSON), ("O", None) for null, or ("E", the engine's error line)."""
+        return self.request(b"R" + event_json.encode("utf-8", "surrogatepass"))
 
-    def after_call(self) -> None:
-        if not self.healthy:
-            self.context.gc()  # free what a failed call left behind (an allocation that hit the limit)
+    def request(self, payload: bytes) -> tuple[str, str | None]:
+        stdin, stdout = self.process.stdin, self.process.stdout
+        assert stdin is not None and stdout is not None
+        try:
+            stdin.write(HEADER.pack(len(payload)) + payload)
+            stdin.flush()
+            if not select.select([stdout], [], [], self.wall_limit)[0]:
+                self.close()
+                raise _HostDied(f"the transform did not answer within {self.wall_limit:g} s and was stopped")
+            answer = read_frame(stdout, MAX_RESULT_BYTES + 1)
+        except OverflowError as exc:  # not read: the engine with the rest of it in its pipe goes
+            self.close()
+            raise _HostDied(str(exc)) from None
+        except (BrokenPipeError, OSError, ValueError) as exc:
+            answer = None
+            if isinstance(exc, ValueError):  # the pipe was closed under us
+                raise _HostDied("the JavaScript engine was stopped") from None
+        if answer is None:
+            code = self.close()
+            raise _HostDied(f"the JavaScript engine crashed on this event (exit status {code})")
+        kind, body = answer[:1].decode(), answer[1:].decode("utf-8", "surrogatepass")
+        if kind == "N":
+            return "O", None
+        return kind, body
+
+    def close(self) -> int | None:
+        """Stops the process (if still running); its exit status."""
+        with contextlib.suppress(OSError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+        if self.process.poll() is None:
+            self.process.kill()
+        return self.process.wait()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 _local = threading.local()
 
 
-def _is_js_error(exc: BaseException) -> bool:
-    import quickjs
-
-    return isinstance(exc, quickjs.JSException)
-
-
 def _forget(transform: Transform) -> None:
     runners: dict[Any, _Runner] | None = getattr(_local, "runners", None)
-    if runners is not None:
-        runners.pop(transform.key, None)
+    runner = runners.pop(transform.key, None) if runners is not None else None
+    if runner is not None:
+        runner.close()
 
 
 def _context(transform: Transform) -> _Runner:
-    """This thread's runner of `transform`, built on first use."""
+    """This thread's runner of `transform`, started on first use."""
     runners: dict[Any, _Runner] | None = getattr(_local, "runners", None)
     if runners is None:
         runners = _local.runners = {}
     runner = runners.get(transform.key)
     if runner is None:
         if len(runners) >= MAX_CONTEXTS:
+            for old in runners.values():
+                old.close()
             runners.clear()
         runner = runners[transform.key] = _Runner(transform)
     return runner

@@ -96,7 +96,7 @@ class StreamWorkers:
         cache = events_cache_for(self.config)
         if cache is not None:
             worker.cache = StreamResults(cache, dest_id, entry.dialect.column_type if tables else None)
-        worker.recognition = StreamRecognition.build(self.config, dest_id, dest) if tables else None
+        worker.recognition = StreamRecognition.build(self.config, dest_id, dest, self.coordination) if tables else None
         return worker
 
     def settings_for(self, dest: Destination) -> StreamSettings:

@@ -297,9 +297,11 @@ class StreamWorker:
         self._last_insert = time.monotonic()
         outcome = self._deliver_all(batch)
         self._record(outcome)
+        if self.recognition is not None:  # its ids before the ack (never read again after it)...
+            self.recognition.delivered(batch.tables, {id(line) for line, _ in outcome.failed})
         self.reader.ack()
-        if self.recognition is not None:  # after the ack: it never holds the queue up
-            self.recognition.delivered(self.delivery.adapter, batch.tables, {id(line) for line, _ in outcome.failed})
+        if self.recognition is not None:  # ...its updates after: they never hold the queue up
+            self.recognition.run_if_due(self.delivery.adapter)
         log.debug("stream %s: inserted %d held events in %d tables", self.dest_id, batch.events, len(batch.tables))
         return outcome
 

@@ -175,7 +175,10 @@ async def _evaluate_transform(obj: dict[str, Any], source: str) -> Response:
 
 def _run_transform(obj: dict[str, Any], source: str) -> str:
     transform = Transform.compile(source)
-    text = transform.run_text(orjson.dumps(obj).decode())
+    try:
+        text = transform.run_text(orjson.dumps(obj).decode())
+    finally:
+        transform.close()  # one try: its engine process is not kept
     parse_result(text)  # the checks a destination applies (an array of objects, sizes)
     return "null" if text is None else text
 

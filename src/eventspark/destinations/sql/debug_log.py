@@ -3,7 +3,9 @@
 `ddl` gets CREATE / ALTER / DROP / TRUNCATE statements, `queries` every other statement, one line
 each: `<UTC time> [<destination id>] <statement>` (whitespace folded to one line, at most
 `MAX_STATEMENT_CHARS`). Parameter values are never written (they are events' values and may be
-secrets): a statement with parameters ends with `; <n> parameter(s)`.
+secrets): a statement with parameters ends with `; <n> parameter(s)`. Keys written into a
+statement as literals (the COPY of Redshift and Snowflake: `SECRET_ACCESS_KEY '...'`,
+`AWS_SECRET_KEY = '...'`, tokens, passwords) are written as `'***'`.
 
 Every `SqlWarehouse` client is wrapped where it is opened (`wrap`), so the statements of every SQL
 destination are seen: patching, commits, stream inserts, marker reads. The files are written by
@@ -31,6 +33,12 @@ log = logging.getLogger(__name__)
 MAX_STATEMENT_CHARS = 10_000
 DDL_WORDS = frozenset({"CREATE", "ALTER", "DROP", "TRUNCATE", "RENAME", "COMMENT"})
 _SPACES = re.compile(r"\s+")
+_SECRETS = re.compile(
+    r"\b(SECRET_ACCESS_KEY|SESSION_TOKEN|AWS_SECRET_KEY|AWS_TOKEN|AZURE_SAS_TOKEN|PASSWORD|IDENTIFIED\s+BY)"
+    r"(\s*=?\s*)'(?:[^']|'')*'",
+    re.IGNORECASE,
+)
+"""Keys and passwords written as literals into a statement (Redshift's and Snowflake's COPY)."""
 _lock = threading.Lock()
 _files: dict[str, RotatingFile | None] = {"ddl": None, "queries": None}
 _inside = threading.local()
@@ -101,7 +109,7 @@ def _logged(method: Callable[..., Any], dest_id: str) -> Callable[..., Any]:
 
 def statement_line(dest_id: str, statement: str | bytes, params: Any = None) -> str:
     text = statement.decode("utf-8", "replace") if isinstance(statement, bytes) else statement
-    text = _SPACES.sub(" ", text).strip()
+    text = _SECRETS.sub(r"\1\2'***'", _SPACES.sub(" ", text).strip())
     if len(text) > MAX_STATEMENT_CHARS:
         text = text[:MAX_STATEMENT_CHARS] + f"... ({len(text)} chars)"
     count = len(params) if isinstance(params, (list, tuple, dict)) else 0  # not ClickHouse's rows (bytes)
