@@ -39,9 +39,9 @@ if [ ! -f "$PACKAGE" ]; then
     cp "$HERE/segment-node/package.json" "$LOCK" "$staging/"
     # --ignore-scripts: nothing from the registry runs at install time.
     status=0
-    timeout "$TIMEOUT" npm ci --prefix "$staging" --no-audit --no-fund --ignore-scripts --loglevel=error \
+    timeout --kill-after=5 "$TIMEOUT" npm ci --prefix "$staging" --no-audit --no-fund --ignore-scripts --loglevel=error \
         --fetch-retries=1 --fetch-timeout=30000 >&2 || status=$?
-    if [ "$status" = 124 ]; then
+    if [ "$status" = 124 ] || [ "$status" = 137 ]; then  # 137: killed after ignoring the TERM
         fail "npm did not finish within $TIMEOUT seconds"
     elif [ "$status" != 0 ]; then
         fail "npm ci exited with status $status (its error is above)"

@@ -10,6 +10,8 @@ is an hour: batch loads come from `POST /api/v1/batch/run`.
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -218,6 +220,20 @@ def test_a_log_of_an_unknown_token_stays_with_its_reason(node: Server) -> None:
         assert path.exists()
     assert not list((node.events_dir / "archive").rglob(f"{name}*"))
     assert "kept in incoming/, not loaded: token 'gone' is not in api_keys" in node.text()
+    # and shown by the status (the HTTP one, and `eventspark status` reading the same files)
+    status = httpx.get(f"{node.url}/api/v1/status", headers={"X-Admin-Token": ADMIN}, timeout=10).json()
+    assert name in status["held_logs"], status
+    config = node.events_dir.parent / "status.yaml"
+    config.write_text(orjson.dumps(config_of({d: "unused" for d in MODES}, node.events_dir)).decode())
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("eventspark")), "status", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rotated log(s) kept in incoming/, not loaded" in done.stderr and name in done.stderr, done.stderr
+    path.unlink()  # the other tests' passes need not see it
 
 
 def test_a_replayed_line_without_id_gets_the_same_one_in_stream_mode(node: Server, schemas: dict[str, str]) -> None:

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from eventspark.commands.common import ConfigOption, load_logged, out
+from eventspark.commands.common import ConfigOption, err, load_logged, out
 from eventspark.ops.status import UNLIMITED, DestinationStatus, StatusReader
 
 ERROR_CHARS = 120
@@ -32,17 +32,26 @@ def status(
     node serves them or not."""
     loaded = load_logged(config)
     # One read: counting everything costs about a second per GB of backlog, never an estimate.
-    statuses = StatusReader(loaded.config, budget=UNLIMITED).read()
+    reader = StatusReader(loaded.config, budget=UNLIMITED)
+    statuses = reader.read()
     if not statuses and not as_json:
         out.print("no destination configured", highlight=False)
     elif as_json:
         document = {"log_path": str(Path(loaded.config.log.path)), "destinations": [s.to_json() for s in statuses]}
+        document["held_logs"] = reader.held
         out.file.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
     elif out.is_terminal:
         _print_table(statuses)
     else:
         # Written as they are: the console would expand the tabs that separate the fields.
         out.file.write("".join(plain_line(found) + "\n" for found in statuses))
+    if reader.held and not as_json:  # on stderr: scripts parse the lines above
+        err.print(
+            f"{len(reader.held)} rotated log(s) kept in incoming/, not loaded: no batch destination takes"
+            f" their token (back in api_keys, they load): {escape(', '.join(reader.held[:5]))}"
+            + (" ..." if len(reader.held) > 5 else ""),
+            highlight=False,
+        )
 
 
 def plain_line(found: DestinationStatus) -> str:

@@ -316,6 +316,10 @@ class StatusReader:
         self._lines = LineCounter(self._budget)
         self._queues = QueueCounter(self._budget)
         self._lock = threading.Lock()
+        self.held: list[str] = []
+        """The rotated logs of the last `read` that no batch destination takes (their token is not
+        in api_keys, or routed to stream destinations only): a batch pass leaves them in incoming/
+        (`BatchJob._hold_unroutable`), so they are shown instead of counted nowhere."""
 
     def read(self, now: float | None = None) -> list[DestinationStatus]:
         """Every destination of the config, in config order."""
@@ -340,6 +344,7 @@ class StatusReader:
         incoming = self.log_path / "incoming"
         batch = {dest_id: self.config.destinations[dest_id] for dest_id in found}
         _secrets, token_dests, default = token_routes(self.config.api_keys, batch)
+        held = []
         for path in sorted(incoming.iterdir()) if incoming.is_dir() else ():
             name = parse_log_name(path.name)
             replay = replay_destination(path.name) if name is None else None
@@ -347,6 +352,8 @@ class StatusReader:
                 continue
             live = name is not None and name.rotated_at is None
             dests = (replay,) if replay is not None else token_dests.get(name.token_id, default) if name else ()
+            if not dests and not live:
+                held.append(path.name)
             if not live:
                 status = read_status(path)
                 dests = tuple(d for d in dests if not _loaded(status, d))
@@ -355,6 +362,7 @@ class StatusReader:
                 self._count_log(path, [found[d] for d in dests], live)
         for status in found.values():
             status.queue_events = status.live_events + status.pending_log_events
+        self.held = held
 
     def _count_log(self, path: Path, statuses: list[DestinationStatus], live: bool) -> None:
         lines, exact, first = self._lines.count(path)

@@ -47,6 +47,8 @@ async def status(app: Collector, request: Request) -> Response:
     check_admin(request, app.admin_token)
     statuses = await asyncio.to_thread(app.status.read)
     body: dict[str, Any] = {"destinations": [s.to_json() for s in statuses]}
+    if app.status.held:  # rotated logs no batch destination takes: kept in incoming/, not loaded
+        body["held_logs"] = app.status.held
     sources = sources_status(app.log_path)  # api_keys / destinations given as URLs: last reload
     if sources is not None:
         body["config_sources"] = sources
