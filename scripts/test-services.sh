@@ -27,4 +27,6 @@ if ! mariadb -h 127.0.0.1 -u root -e 'select 1' >/dev/null 2>&1; then
 fi
 wait_for "MariaDB (127.0.0.1:3306)" mariadb -h 127.0.0.1 -u root -e 'select 1' || exit 1
 bash "$(dirname "$0")/chromium.sh" || exit 1  # the browser tests of /ui (tests/ui/)
-bash "$(dirname "$0")/segment-node.sh" >/dev/null || exit 1  # @segment/analytics-node (tests/segment/)
+# @segment/analytics-node (tests/segment/). Without the npm registry only that test fails (the
+# fixture runs the script again and reports its message), not every test.
+bash "$(dirname "$0")/segment-node.sh" >/dev/null || echo "warning: tests/segment's Node.js client test will fail" >&2

@@ -9,7 +9,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from eventspark.destinations.base import TransientError
+from eventspark.destinations.base import TerminalError, TransientError
 from tests.recognition.helpers import ANONYMOUS, EXPECTED, IDENTIFY, KEY, RECOGNITION, page
 from tests.stream.helpers import Harness, duckdb_stream, make_config
 
@@ -83,6 +83,33 @@ def test_a_value_that_does_not_fit_its_column_fails_no_other(tmp_path: Path) -> 
         assert read(harness, path, "pageview") == {"e0001": 42, "e0002": None, "e0003": 7}
         recognition = harness.worker.recognition
         assert recognition is not None and recognition.recognizer.index.pending() == set()
+        assert harness.failed() == []
+    finally:
+        harness.close()
+
+
+def test_a_refused_update_is_not_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A statement the warehouse refuses (a ClickHouse key column, say) would fail every time:
+    logged, and its table forgotten for those ids, not retried at every flush."""
+    path = tmp_path / "w.duckdb"
+    harness = Harness.build(make_config(tmp_path, {"dd": duckdb_stream(path, "{{.event_type}}")}, **RECOGNITION), "dd")
+    try:
+        adapter = harness.worker.delivery.adapter
+        calls: list[str] = []
+
+        def refuse(table: Any, *args: Any) -> None:
+            calls.append(table.name)
+            raise TerminalError("Cannot UPDATE key column")
+
+        monkeypatch.setattr(adapter, "recognize_users", refuse)
+        harness.append(*ANONYMOUS, *IDENTIFY)
+        harness.drain()
+        assert sorted(calls) == ["click", "pageview"]
+        recognition = harness.worker.recognition
+        assert recognition is not None and recognition.recognizer.index.pending() == set()
+        harness.append(page(8, "a9"))
+        harness.drain()
+        assert sorted(calls) == ["click", "pageview"]  # not tried again
         assert harness.failed() == []
     finally:
         harness.close()

@@ -38,8 +38,26 @@ def run(harness: Harness, read: Reader, flush: Callable[[], None] = lambda: None
     harness.append(page(6, "a1"), page(7, "a3"), page(8, "a1", id="u1"))
     harness.drain()
     flush()
-    assert read("pageview") == {**EXPECTED["pageview"], "e0006": "u1", "e0007": None, "e0008": "u1"}
+    later = {**EXPECTED["pageview"], "e0006": "u1", "e0007": None, "e0008": "u1"}
+    assert read("pageview") == later
+    # The default nodes fall back to `hashed_anonymous_id` (md5 of address and user agent: shared by
+    # every visitor behind one address and browser). An identification through it reaches the rows
+    # without an anonymous id of their own, never the rows of another visitor with the same hash.
+    harness.append(hashed(page(9, "")), hashed(page(10, "a4")))
+    harness.drain()
+    harness.append(hashed(page(11, "x" * 600, "identify", id="u9")))  # past MAX_ID_LENGTH: the hash is used
+    harness.drain()
+    flush()
+    assert read("pageview") == {**later, "e0009": "u9", "e0010": None}
     assert harness.failed() == []
+
+
+def hashed(event: dict[str, Any]) -> dict[str, Any]:
+    """`event` with a hashed anonymous id shared with others (and no anonymous id when it is '')."""
+    user = {**event["user"], "hashed_anonymous_id": "h-shared"}
+    if not user["anonymous_id"]:
+        del user["anonymous_id"]
+    return {**event, "user": user}
 
 
 @pytest.fixture
@@ -122,5 +140,33 @@ def test_clickhouse_batches_its_mutations(
     mutations = clickhouse_server.query(
         f"SELECT table, count() FROM system.mutations WHERE database = '{clickhouse_db}' GROUP BY table"
     )
-    # One mutation per table per run: pageview twice (identify, then e0006), click once.
-    assert {table: int(count) for table, count in mutations} == {"pageview": 2, "click": 1}
+    # One mutation per table and anonymous id column per run: pageview three times (identify,
+    # e0006, the hashed id's rows), click once.
+    assert {table: int(count) for table, count in mutations} == {"pageview": 3, "click": 1}
+
+
+def test_a_table_with_rows_of_both_sdks(make_harness: Any, pg_datasource: dict[str, Any], pg_schema: str) -> None:
+    """JS SDK 1.x rows (`eventn_ctx_user_anonymous_id`) and 2.x rows (`user_anonymous_id`) in one
+    table: each gets its user in its own SDK's column (`eventn_ctx_user_id`, `user_id`)."""
+    harness = make_harness(postgres_stream(pg_datasource, TEMPLATE))
+    old = {"_timestamp": "2026-11-01T10:00:00.000000Z", "event_type": "pageview"}
+    harness.append(
+        page(1, "a1"),
+        {**old, "eventn_ctx": {"event_id": "e0002", "user": {"anonymous_id": "b1"}}},
+        page(3, "a2"),
+    )
+    harness.drain()
+    harness.append(
+        page(4, "a1", "identify", id="u1"),
+        {
+            **old,
+            "event_type": "identify",
+            "eventn_ctx": {"event_id": "e0005", "user": {"anonymous_id": "b1", "id": "v1"}},
+        },
+    )
+    harness.drain()
+    with psycopg.connect(pg_conninfo(), autocommit=True) as conn:
+        sql = f'SELECT {KEY}, user_id, eventn_ctx_user_id FROM "{pg_schema}".pageview'
+        rows = {key: (flat, nested) for key, flat, nested in conn.execute(sql).fetchall()}
+    assert rows == {"e0001": ("u1", None), "e0002": (None, "v1"), "e0003": (None, None)}
+    assert harness.failed() == []

@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from segment.analytics.client import Client
 
+from eventspark.collector.api.segment import ACCEPT_STEP
 from tests.collector.conftest import Server, start_server
 from tests.conftest import PG_DB, PG_HOST, PG_PORT, PG_USER, pg_conninfo
 
@@ -272,7 +273,7 @@ def test_single_message_gzip_and_limits(server: Server) -> None:
     assert track["eventn_ctx"]["user"]["internal_id"] == "u-gz"
 
     server.mark()
-    bomb = gzip.compress(b" " * (80 * 1024 * 1024))  # inflates past 64 × max_event_size
+    bomb = gzip.compress(b" " * (8 * 1024 * 1024))  # inflates past the 4 MiB limit
     answer = httpx.post(url, headers={**basic(SERVER_SECRET), "Content-Encoding": "gzip"}, content=bomb, timeout=30)
     assert answer.status_code == 413, answer.text
     broken = httpx.post(url, headers={**basic(SERVER_SECRET), "Content-Encoding": "gzip"}, content=b"xx", timeout=10)
@@ -307,12 +308,31 @@ def test_a_body_holding_the_only_write_key_is_read_up_to_1_mib(server: Server) -
     assert len(server.new_events()) == 1100
 
 
+def test_an_authenticated_body_is_bounded_at_4_mib(server: Server) -> None:
+    """A batch is parsed whole (about 35 times its size in memory): far below the bulk limit."""
+    server.mark()
+    body = segment_batch(*({"properties": {"pad": "x" * 1000}} for _ in range(4500)))  # ~4.6 MB
+    url = f"{server.url}/api/v1/segment/v1/batch"
+    answer = httpx.post(url, headers=basic(SERVER_SECRET), json=body, timeout=30)
+    assert answer.status_code == 413 and "4 MiB" in answer.json()["error"], answer.text
+    assert server.new_events() == []
+
+
 def test_a_large_batch_is_accepted_whole(server: Server) -> None:
     server.mark()
     body = segment_batch(*({"properties": {"n": n, "pad": "x" * 900}} for n in range(500)))  # ~0.5 MB
     answer = httpx.post(f"{server.url}/api/v1/segment/v1/batch", headers=basic(SERVER_SECRET), json=body, timeout=30)
     assert answer.status_code == 200, answer.text
     assert sorted(event["n"] for event in server.new_events()) == list(range(500))
+
+
+def test_a_batch_of_many_small_messages_is_stored_whole_in_steps(server: Server) -> None:
+    """More messages than one `ACCEPT_STEP`: every one is stored, in order, once."""
+    server.mark()
+    body = segment_batch(*({"properties": {"n": n}} for n in range(ACCEPT_STEP * 2 + 7)))
+    answer = httpx.post(f"{server.url}/api/v1/segment/v1/batch", headers=basic(SERVER_SECRET), json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert [event["n"] for event in server.new_events()] == list(range(ACCEPT_STEP * 2 + 7))
 
 
 # --- EventNative's aliases ------------------------------------------------------------------------

@@ -175,6 +175,7 @@ def test_without_sdk_lib_js_is_a_404_that_says_how_to_get_it(bare: Server) -> No
     message = answer.json()["message"]
     assert "lib.js not found" in message
     assert "eventspark tracking-script fetch" in message and "static_files_dir" in message
+    assert "empty-sdk" not in message and "/tmp" not in message  # no server path in a public answer
 
 
 def test_without_template_inline_js_is_the_built_in_loader(bare: Server) -> None:

@@ -244,6 +244,9 @@ class FailsOnce:
             raise RuntimeError("a bug (injected)")
         return self.chain.process(value)
 
+    def process_many(self, values: list[dict[str, Any]]) -> list[Any]:
+        return [self.process(value) for value in values]
+
 
 def test_a_bug_while_holding_rereads_the_held_events_once(
     build: Any, pg_schema: str, monkeypatch: pytest.MonkeyPatch

@@ -38,6 +38,8 @@ destination, "", 0, 0, 0, None, a sampled event for the events cache: `ops.cache
 ("recognition", None, destination, "", 0, 0, 0, None, the ids users recognition saw: `Sightings`)."""
 NO_TABLE = ""
 """The table of events that never got one: template failures, skips, unreadable lines."""
+TRANSFORM_CHUNK = 1000
+"""Events a task holds for destinations with a JavaScript transform before running them (`defer`)."""
 _UNKNOWN: Any = object()
 
 # One GeoIP reader and UA parser per Python worker: Spark reuses workers across tasks and jobs.
@@ -98,6 +100,9 @@ class PartitionTask:
         self.samples: list[tuple[str, str, str]] = []
         # Users recognition: per destination, its columns and the ids this task saw.
         self.sightings: dict[str, tuple[RecognitionColumns, Sightings]] = {}
+        # Events held for destinations with a transform (`defer`): their line and line number.
+        self.deferred: dict[tuple[str, str], list[tuple[dict[str, Any], bytes, int]]] = {}
+        self.deferred_count = 0
 
     def chain(self, dest_id: str) -> DestinationChain:
         chain = self.chains.get(dest_id)
@@ -135,7 +140,37 @@ class PartitionTask:
         last = len(dest_ids) - 1
         for index, dest_id in enumerate(dest_ids):
             # The chain changes the event it runs on: every destination but the last gets a copy.
-            self.route(file, dest_id, event if index == last else orjson.loads(line), line)
+            copy = event if index == last else orjson.loads(line)
+            if self.chain(dest_id).transform is not None:
+                self.defer(file, dest_id, copy, line)
+            else:
+                self.route(file, dest_id, copy, line)
+
+    def defer(self, file: str, dest_id: str, event: dict[str, Any], line: bytes) -> None:
+        """Holds an event for a destination with a JavaScript transform: its engine takes
+        `TRANSFORM_CHUNK` events per round trip (`run_deferred`)."""
+        ensure_event_id(event, line)
+        self.deferred.setdefault((file, dest_id), []).append((event, line, self.line_number))
+        self.deferred_count += 1
+        if self.deferred_count >= TRANSFORM_CHUNK:
+            self.run_deferred()
+
+    def run_deferred(self) -> None:
+        """Routes the held events, each placed with its own line number (its `seq`)."""
+        deferred, self.deferred, self.deferred_count = self.deferred, {}, 0
+        current = self.line_number
+        for (file, dest_id), items in deferred.items():
+            try:
+                results: list[Any] | None = self.chain(dest_id).process_many([event for event, _, _ in items])
+            except Exception:  # a bug on some event: each again alone, from its line (the chain changed it)
+                results = None
+            for index, (_event, line, number) in enumerate(items):
+                self.line_number = number
+                if results is None:
+                    self.route(file, dest_id, orjson.loads(line), line)
+                else:
+                    self.settle(file, dest_id, results[index], line)
+        self.line_number = current
 
     def add_sampled(self, line: bytes, file: str, token: str, event: dict[str, Any], dest_ids: Any) -> None:
         """`add_line`'s routing, keeping what became of the event at each destination."""
@@ -157,6 +192,10 @@ class PartitionTask:
             result = self.chain(dest_id).process(event)
         except Exception as exc:  # one odd event must not stop every log behind it
             result = Failure(f"the pipeline steps failed on this event: {type(exc).__name__}: {exc}")
+        return self.settle(file, dest_id, result, line)
+
+    def settle(self, file: str, dest_id: str, result: Any, line: bytes) -> Row | Failure | bool | None:
+        """Counts, fails or places the chain's result for the event (`route`'s second half)."""
         if result is None:
             self.count(file, dest_id, NO_TABLE)[2] += 1
             return None
@@ -284,6 +323,8 @@ class PartitionTask:
 
     def end_split(self, split: Split) -> None:
         """Writes the objects of the split's log (files destinations), one per destination and table."""
+        if self.deferred_count:
+            self.run_deferred()
         if not self.object_buffers:
             return
         file = split.name
@@ -308,6 +349,8 @@ class PartitionTask:
 
     def finish(self) -> list[tuple[Any, ...]]:
         """Stages what is left and returns the summary rows."""
+        if self.deferred_count:
+            self.run_deferred()
         for (dest_id, _table), buffer in self.buffers.items():
             self.flush(dest_id, buffer)
         for _path, handle in self.spools.values():

@@ -47,7 +47,10 @@ class UsersRecognition(Section):
         default=24 * 7, gt=0, description="how long an anonymous id is remembered, waiting for its user"
     )
     index_max_ids: int = Field(
-        default=1_000_000, ge=1, description="most anonymous ids the in-memory index keeps (the oldest go first)"
+        default=250_000,
+        ge=1,
+        description="most anonymous ids the in-memory index keeps per destination (the oldest go first; "
+        "about 1 KB each): with more visitors, use meta.storage.redis",
     )
 
     def nodes(self) -> list[str]:

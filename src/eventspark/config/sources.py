@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 MAX_CONFIG_BYTES = 10 * 1024 * 1024
 FETCH_TIMEOUT_SEC = 10.0
+"""Per socket operation, and for the whole body."""
+READ_CHUNK = 64 * 1024
 SOURCE_KEYS = ("api_keys", "server.auth", "destinations")
 """The config keys that may be a source, as dotted paths."""
 _PAYLOAD_KEYS = {"api_keys": ("tokens", "api_keys"), "server.auth": ("tokens", "api_keys", "auth")}
@@ -115,7 +117,7 @@ def _fetch_http(url: str, timeout: float) -> bytes:
     request = urllib.request.Request(url, headers=headers)
     try:  # the default context verifies certificates
         with _OPENER.open(request, timeout=timeout) as response:
-            return _bounded(response.read(MAX_CONFIG_BYTES + 1))
+            return _read_within(response, time.monotonic() + timeout)
     except urllib.error.HTTPError as exc:
         raise SourceError(f"HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:
@@ -138,6 +140,20 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
 
 
 _OPENER = urllib.request.build_opener(_Redirects())
+
+
+def _read_within(response: Any, deadline: float) -> bytes:
+    """The body, `MAX_CONFIG_BYTES` at most, read before `deadline`: the socket timeout alone
+    lets a server that trickles a byte now and then hold the reloader for hours."""
+    chunks, size = [], 0
+    while chunk := response.read1(READ_CHUNK):  # what arrived: read() would wait for all of it
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_CONFIG_BYTES:
+            raise SourceError(f"larger than {MAX_CONFIG_BYTES} bytes")
+        if time.monotonic() > deadline:
+            raise SourceError("not read within the fetch timeout")
+    return b"".join(chunks)
 
 
 def _bounded(data: bytes) -> bytes:

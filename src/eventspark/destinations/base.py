@@ -342,12 +342,20 @@ class DestinationAdapter(ABC):
         return self.dialect.data_type_of(sql_type)
 
     def recognize_users(
-        self, table: Table, anonymous_column: str, user_columns: Sequence[str], pairs: Mapping[str, Sequence[Any]]
+        self,
+        table: Table,
+        anonymous_column: str,
+        user_columns: Sequence[str],
+        pairs: Mapping[str, Sequence[Any]],
+        unset: Sequence[str] = (),
     ) -> None:
         """Users recognition (`Capabilities.users_recognition`): on the rows of `table` whose
         `anonymous_column` is a key of `pairs` and whose `user_columns` are all NULL (empty), sets
         those columns to the pair's values (aligned with `user_columns`; None leaves one NULL).
-        One statement (or mutation) per call; ids and values are bound, never spliced raw."""
+        `unset`: columns that must hold no anonymous id (NULL or empty) on those rows, the
+        alternatives before `anonymous_column` (a fallback such as a hashed id must not match rows
+        whose own id is elsewhere). One statement (or mutation) per call; ids and values are
+        bound, never spliced raw."""
         raise TerminalError(f"{type(self).__name__} cannot update rows: users recognition is not supported")
 
 

@@ -25,13 +25,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventspark.coordination import Coordination, CoordinationError
-from eventspark.destinations.base import DestinationAdapter, DestinationError
+from eventspark.destinations.base import DestinationAdapter, DestinationError, TerminalError
 from eventspark.destinations.registry import destination_type
 from eventspark.destinations.sync import LOCK_TIMEOUT, sync_table, table_lock
 from eventspark.recognition.index import MemoryIndex, RecognitionIndex
 from eventspark.steps.diff import ColumnLimitError, Table, UnmappedRule
 from eventspark.steps.mapping import Mapper
-from eventspark.steps.recognition import Identity, RecognitionColumns, Sightings, missing_user_columns
+from eventspark.steps.recognition import (
+    Identity,
+    RecognitionColumns,
+    Sightings,
+    missing_user_columns,
+    split_entry,
+)
 from eventspark.steps.typing import DataType, coerce, format_timestamp
 
 log = logging.getLogger(__name__)
@@ -196,25 +202,30 @@ class Recognizer:
         result = RunResult()
         failed: set[str] = set()
         done: set[str] = set()
-        for table_name, pairs in sorted(work.items()):
+        for entry, pairs in sorted(work.items()):
+            table_name = split_entry(entry)[0]
             try:
-                result.updates += self._update_table(adapter, table_name, pairs)
+                result.updates += self._update_table(adapter, entry, pairs)
+            except TerminalError as exc:  # refused (a ClickHouse key column...): it would fail again
+                log.warning("users recognition of %s/%s refused, not retried: %s", self.dest_id, table_name, exc)
             except (DestinationError, CoordinationError) as exc:
                 log.warning("users recognition of %s/%s failed, retried later: %s", self.dest_id, table_name, exc)
                 failed.update(pairs)
                 continue
-            self.index.drop_tables(table_name, pairs)
+            self.index.drop_tables(entry, pairs)
             done.update(pairs)
         result.settled, result.pending = len(done - failed), len(failed)
         return result, failed
 
-    def _update_table(self, adapter: DestinationAdapter, table_name: str, pairs: Mapping[str, Identity]) -> int:
-        """The statements for one table (one per UPDATE_IDS ids); 0 when it has nothing to set."""
+    def _update_table(self, adapter: DestinationAdapter, entry: str, pairs: Mapping[str, Identity]) -> int:
+        """The statements for the rows of one `table_entry` (one per UPDATE_IDS ids); 0 when it
+        has nothing to set."""
+        table_name, anonymous_column = split_entry(entry)
         table = adapter.read_table(table_name)
         if table is None:
             return 0
-        table = self._with_user_columns(adapter, table, pairs)
-        found = self.columns.table_columns(table.columns)
+        table = self._with_user_columns(adapter, table, pairs, anonymous_column)
+        found = self.columns.table_columns(table.columns, anonymous_column)
         if found is None:
             return 0
         anonymous, users = found
@@ -223,16 +234,22 @@ class Recognizer:
             a: [_fit(identity, i, t) for (i, _), t in zip(users, types, strict=True)] for a, identity in pairs.items()
         }
         items = [(a, v) for a, v in values.items() if any(x is not None for x in v)]
+        # Rows whose id is in an earlier alternative are another visitor's (a hashed id is shared).
+        alternatives = self.columns.anonymous
+        earlier = alternatives[: alternatives.index(anonymous)] if anonymous in alternatives else ()
+        unset = [column for column in earlier if column in table.columns]
         for start in range(0, len(items), UPDATE_IDS):
             part = dict(items[start : start + UPDATE_IDS])
-            adapter.recognize_users(table, anonymous, [column for _, column in users], part)
+            adapter.recognize_users(table, anonymous, [column for _, column in users], part, unset)
         return (len(items) + UPDATE_IDS - 1) // UPDATE_IDS
 
-    def _with_user_columns(self, adapter: DestinationAdapter, table: Table, pairs: Mapping[str, Identity]) -> Table:
-        """The table, with the user columns it lacks added as text (its rows were all anonymous
-        until now): a table patch like a load's, under the table's lock and rules."""
+    def _with_user_columns(
+        self, adapter: DestinationAdapter, table: Table, pairs: Mapping[str, Identity], anonymous: str | None
+    ) -> Table:
+        """The table, with the user columns it lacks added as text (e.g. its rows were all
+        anonymous until now): a table patch like a load's, under the table's lock and rules."""
         with_values = {i for identity in pairs.values() for i, value in enumerate(identity) if value is not None}
-        missing = missing_user_columns(self.columns, table.columns, with_values)
+        missing = missing_user_columns(self.columns, table.columns, with_values, anonymous)
         if not missing:
             return table
         text = adapter.dialect.types[DataType.STRING]

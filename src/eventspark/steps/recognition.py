@@ -7,6 +7,12 @@ mapped and flattened, so each node is turned into the column it ends up in by ru
 destination's own mapper and `flatten` on an event holding only a marker at that node: a mapping
 that moves `/user/id` to `/uid` makes the column `uid`; one that drops it leaves no column.
 Reading the flattened row (rather than the event) means the ids are those the table really holds.
+
+The alternatives pair up by position: rows whose anonymous id is in the 2nd alternative's column
+(`user_anonymous_id`, JS SDK 2.x) get their user in the 2nd alternative's column of each
+identification node (`user_id`), those of the 1st (`eventn_ctx_user_anonymous_id`, SDK 1.x) in the
+1st (`eventn_ctx_user_id`), so a table holding rows of both SDKs gets both right. The index keeps
+an anonymous id's rows per (table, anonymous column): `table_entry`.
 """
 
 from __future__ import annotations
@@ -34,6 +40,23 @@ class Sighting:
     anonymous_id: str
     identity: Identity | None
     """None: an anonymous row (no identification value at all)."""
+    column: str = ""
+    """The column the anonymous id was read from."""
+
+
+ENTRY_SEPARATOR = "\x1f"
+"""Between a table name and an anonymous id column in `table_entry` (no column name has it)."""
+
+
+def table_entry(table: str, column: str) -> str:
+    """The index's name of the rows of a table whose anonymous id is in `column`."""
+    return f"{table}{ENTRY_SEPARATOR}{column}" if column else table
+
+
+def split_entry(entry: str) -> tuple[str, str | None]:
+    """(table, anonymous id column) of a `table_entry` (None: a bare table name)."""
+    table, separator, column = entry.rpartition(ENTRY_SEPARATOR)
+    return (table, column) if separator else (entry, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,25 +79,31 @@ class RecognitionColumns:
 
     def read(self, values: Mapping[str, Any]) -> Sighting | None:
         """The row's sighting, or None when it has no (usable) anonymous id."""
-        anonymous_id = _first(values, self.anonymous)
+        anonymous_id, column = _first(values, self.anonymous)
         if anonymous_id is None:
             return None
-        identity = tuple(_first(values, alternatives) for alternatives in self.identification)
+        identity = tuple(_first(values, alternatives)[0] for alternatives in self.identification)
         if all(value is None for value in identity):
-            return Sighting(anonymous_id, None)
-        return Sighting(anonymous_id, identity)
+            return Sighting(anonymous_id, None, column)
+        return Sighting(anonymous_id, identity, column)
 
-    def table_columns(self, columns: Mapping[str, Any]) -> tuple[str, list[tuple[int, str]]] | None:
-        """For a table with `columns`: its anonymous id column and (node index, column) of each
-        identification node it has; None when it lacks either (nothing to update there)."""
-        anonymous = next((c for c in self.anonymous if c in columns), None)
+    def user_columns(self, anonymous: str) -> list[tuple[int, str]]:
+        """(node index, column) of each identification node for rows whose anonymous id is in
+        the column `anonymous`: the alternative of the same position (module docstring)."""
+        position = self.anonymous.index(anonymous) if anonymous in self.anonymous else 0
+        return [(i, names[position % len(names)]) for i, names in enumerate(self.identification) if names]
+
+    def table_columns(
+        self, columns: Mapping[str, Any], anonymous: str | None = None
+    ) -> tuple[str, list[tuple[int, str]]] | None:
+        """For a table with `columns`: the anonymous id column (`anonymous`, else the first
+        alternative it has) and the (node index, column) of its user columns the table has; None
+        when it lacks either (nothing to update there)."""
         if anonymous is None:
+            anonymous = next((c for c in self.anonymous if c in columns), None)
+        if anonymous is None or anonymous not in columns:
             return None
-        users = []
-        for index, alternatives in enumerate(self.identification):
-            column = next((c for c in alternatives if c in columns), None)
-            if column is not None:
-                users.append((index, column))
+        users = [(i, column) for i, column in self.user_columns(anonymous) if column in columns]
         return (anonymous, users) if users else None
 
 
@@ -93,16 +122,17 @@ def _columns(node: str, mapper: Mapper) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _first(values: Mapping[str, Any], columns: tuple[str, ...]) -> str | None:
-    """The first of `columns` holding an id, as text (numbers too: ids are compared as text)."""
+def _first(values: Mapping[str, Any], columns: tuple[str, ...]) -> tuple[str | None, str]:
+    """The first of `columns` holding an id, as text (numbers too: ids are compared as text), and
+    that column; (None, "") when none does."""
     for column in columns:
         value = values.get(column)
         if value is None or value == "" or isinstance(value, dict | list):
             continue
         text = ("true" if value else "false") if isinstance(value, bool) else str(value)
         if len(text) <= MAX_ID_LENGTH:
-            return text
-    return None
+            return text, column
+    return None, ""
 
 
 MAX_SIGHTINGS = 200_000
@@ -117,7 +147,8 @@ class Sightings:
 
     def __init__(self, limit: int = MAX_SIGHTINGS) -> None:
         self.anonymous: dict[str, set[str]] = {}
-        """Table → anonymous ids of the anonymous rows written there."""
+        """`table_entry` (table and anonymous id column) → anonymous ids of the anonymous rows
+        written there."""
         self.identified: dict[str, Identity] = {}
         """Anonymous id → the identity of its user (the last seen wins)."""
         self.limit = limit
@@ -133,9 +164,10 @@ class Sightings:
                 return
             self.identified[sighting.anonymous_id] = sighting.identity
             return
-        ids = self.anonymous.get(table)
+        entry = table_entry(table, sighting.column)
+        ids = self.anonymous.get(entry)
         if ids is None:
-            ids = self.anonymous[table] = set()
+            ids = self.anonymous[entry] = set()
         if sighting.anonymous_id not in ids and self._room():
             ids.add(sighting.anonymous_id)
 
@@ -170,17 +202,13 @@ class Sightings:
 
 
 def missing_user_columns(
-    columns: RecognitionColumns, table: Mapping[str, Any], nodes_with_values: set[int]
+    columns: RecognitionColumns, table: Mapping[str, Any], nodes_with_values: set[int], anonymous: str | None = None
 ) -> list[str]:
-    """The user columns to add to a table holding anonymous rows, so that they can get their user:
-    per identification node with a value and without a column in the table, the alternative of
-    the same position as the table's anonymous column (`user_anonymous_id` → `user_id`,
-    `eventn_ctx_user_anonymous_id` → `eventn_ctx_user_id` with the default nodes)."""
-    position = next((i for i, c in enumerate(columns.anonymous) if c in table), None)
-    if position is None:
+    """The user columns to add to a table holding anonymous rows (in `anonymous`, else its first
+    anonymous id column), so that they can get their user: per identification node with a value,
+    its column for that anonymous column (`user_columns`) when the table lacks it."""
+    if anonymous is None:
+        anonymous = next((c for c in columns.anonymous if c in table), None)
+    if anonymous is None or anonymous not in table:
         return []
-    missing = []
-    for index, alternatives in enumerate(columns.identification):
-        if index in nodes_with_values and alternatives and not any(c in table for c in alternatives):
-            missing.append(alternatives[position % len(alternatives)])
-    return missing
+    return [c for i, c in columns.user_columns(anonymous) if i in nodes_with_values and c not in table]

@@ -19,6 +19,7 @@ after anything unexpected). A QuickJS context is not thread-safe: each thread ge
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from eventspark.steps.transform_host import HEADER, read_frame
+from eventspark.steps.transform_host import BATCH_ANSWER_BYTES, HEADER, read_frame
 
 DEFAULT_TIMEOUT_MS = 1000
 """CPU time one call may take before it is interrupted."""
@@ -41,6 +42,10 @@ MAX_RESULT_EVENTS = 1000
 """Most events one transform may return for one event."""
 MAX_RESULT_BYTES = 16 * 1024 * 1024
 """Largest result, as JSON text."""
+BATCH_EVENTS = 500
+BATCH_BYTES = 4 * 1024 * 1024
+"""`run_many` sends at most this many events (and bytes of them) per round trip to the engine:
+one round trip per event costs more than a trivial transform itself."""
 MAX_ERROR_CHARS = 500
 MAX_CONTEXTS = 16
 """Engines one thread keeps (one per distinct transform and limits): bounded, reloads add more."""
@@ -85,9 +90,13 @@ class Transform:
 
     @classmethod
     def compile(cls, source: str, **limits: Any) -> Transform:
-        """A transform whose syntax was checked now (TransformSyntaxError otherwise)."""
+        """A transform whose syntax was checked now (TransformSyntaxError otherwise). The engine
+        that checked it is not kept (chains are often built in one thread and run in another:
+        serve's stream workers), unless this thread already had one running the transform."""
         transform = cls(source, **limits)
-        _context(transform)
+        runners: dict[Any, _Runner] | None = getattr(_local, "runners", None)
+        if runners is None or transform.key not in runners:
+            _Runner(transform).close()
         return transform
 
     def close(self) -> None:
@@ -100,17 +109,54 @@ class Transform:
 
     def run_text(self, event_json: str) -> str | None:
         """The transform's result as JSON text (None for null/undefined); raises TransformFailed."""
-        runner = _context(self)
+        outcome = self._run_alone(event_json)
+        if isinstance(outcome, TransformFailed):
+            raise outcome
+        return outcome
+
+    def run_many(self, events_json: list[str]) -> list[str | TransformFailed | None]:
+        """`run_text` of each event, in order, the failures returned rather than raised; many
+        events per round trip to the engine, each with its own limits. When the engine's process
+        dies on a batch (QuickJS can crash on a huge allocation), the batch's events run again one
+        by one, each in a fresh engine if need be: the event that kills it fails alone."""
+        outcomes: list[str | TransformFailed | None] = []
+        start = 0
+        while start < len(events_json):
+            batch = _next_batch(events_json, start)
+            try:
+                answers = _context(self).call_many(batch)
+            except _HostDied:
+                _forget(self)
+                outcomes.extend(self._run_alone(text) for text in batch)
+                start += len(batch)
+                continue
+            outcomes.extend(self._outcome(kind, text) for kind, text in answers)
+            start += len(answers)  # the engine may answer fewer (a large answer): the rest again
+        return outcomes
+
+    def _run_alone(self, event_json: str) -> str | TransformFailed | None:
         try:
-            kind, text = runner.call(event_json)
+            kind, text = _context(self).call(event_json)
         except _HostDied as exc:  # the engine crashed (or overran the wall-clock guard): a new one next time
             _forget(self)
-            raise TransformFailed(str(exc)) from None
+            return TransformFailed(str(exc))
+        return self._outcome(kind, text)
+
+    def _outcome(self, kind: str, text: str | None) -> str | TransformFailed | None:
         if kind == "E":
-            raise TransformFailed(_describe(text, self))
+            return TransformFailed(_describe(text or "", self))
         if text is not None and len(text) > MAX_RESULT_BYTES:
-            raise TransformFailed(f"the result is larger than {MAX_RESULT_BYTES // (1024 * 1024)} MiB")
+            return TransformFailed(f"the result is larger than {MAX_RESULT_BYTES // (1024 * 1024)} MiB")
         return text
+
+
+def _next_batch(events_json: list[str], start: int) -> list[str]:
+    """The events from `start` that go in one round trip (at least one)."""
+    end, size = start, 0
+    while end < len(events_json) and end - start < BATCH_EVENTS and (end == start or size < BATCH_BYTES):
+        size += len(events_json[end])
+        end += 1
+    return events_json[start:end]
 
 
 def parse_result(text: str | None) -> list[dict[str, Any]]:
@@ -118,7 +164,10 @@ def parse_result(text: str | None) -> list[dict[str, Any]]:
     and false are ignored (anything else, `true` included, fails the event)."""
     if text is None:
         return []
-    value = orjson.loads(text)
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:  # e.g. a lone surrogate the engine let through
+        raise TransformFailed(f"the result is not valid JSON: {exc}") from None
     if isinstance(value, dict):
         return [value]
     if not isinstance(value, list):
@@ -162,11 +211,11 @@ class _HostDied(Exception):
 class _Runner:
     """The process running one transform (`steps/transform_host.py`), used by one thread only."""
 
-    __slots__ = ("process", "wall_limit")
+    __slots__ = ("process", "timeout_sec", "wall_limit")
 
     def __init__(self, transform: Transform) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "eventspark.steps.transform_host"],
+            [sys.executable, "-m", "eventspark.steps.transform_host", str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -174,11 +223,13 @@ class _Runner:
         )
         # The engine limits CPU time; this bounds wall-clock time too (a starved or stuck engine).
         self.wall_limit = max(WALL_LIMIT_MIN_SEC, transform.timeout_ms / 1000 * WALL_LIMIT_FACTOR)
+        self.timeout_sec = transform.timeout_ms / 1000
         settings = {
             "source": transform.source,
             "timeout_ms": transform.timeout_ms,
             "memory_mb": transform.memory_mb,
             "stack_bytes": STACK_BYTES,
+            "max_result_bytes": MAX_RESULT_BYTES,
             "variables": transform.variables,
         }
         try:
@@ -194,16 +245,38 @@ class _Runner:
         """("O", result JSON), ("O", None) for null, or ("E", the engine's error line)."""
         return self.request(b"R" + event_json.encode("utf-8", "surrogatepass"))
 
+    def call_many(self, events_json: list[str]) -> list[tuple[str, str | None]]:
+        """The answers to the first events of `events_json` (at least one), as `call`'s."""
+        parts = [b"M"]
+        for text in events_json:
+            data = text.encode("utf-8", "surrogatepass")
+            parts.append(HEADER.pack(len(data)))
+            parts.append(data)
+        # Each event may use the whole CPU-time limit: the guard grows with the batch.
+        wall = self.wall_limit + len(events_json) * self.timeout_sec * 2
+        answer = self._exchange(b"".join(parts), wall, BATCH_ANSWER_BYTES + MAX_RESULT_BYTES + 1)
+        if answer[:1] != b"M":
+            raise _HostDied(f"the JavaScript engine answered {answer[:80]!r}")
+        return _unpack_answers(memoryview(answer), len(events_json))
+
     def request(self, payload: bytes) -> tuple[str, str | None]:
+        answer = self._exchange(payload, self.wall_limit, MAX_RESULT_BYTES + 1)
+        kind, body = answer[:1].decode(), answer[1:].decode("utf-8", "surrogatepass")
+        if kind == "N":
+            return "O", None
+        return kind, body
+
+    def _exchange(self, payload: bytes, wall: float, limit: int) -> bytes:
+        """Sends one frame, returns the answer's; _HostDied when the engine is gone or stuck."""
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None
         try:
             stdin.write(HEADER.pack(len(payload)) + payload)
             stdin.flush()
-            if not select.select([stdout], [], [], self.wall_limit)[0]:
+            if not select.select([stdout], [], [], wall)[0]:
                 self.close()
-                raise _HostDied(f"the transform did not answer within {self.wall_limit:g} s and was stopped")
-            answer = read_frame(stdout, MAX_RESULT_BYTES + 1)
+                raise _HostDied(f"the transform did not answer within {wall:g} s and was stopped")
+            answer = read_frame(stdout, limit)
         except OverflowError as exc:  # not read: the engine with the rest of it in its pipe goes
             self.close()
             raise _HostDied(str(exc)) from None
@@ -214,10 +287,7 @@ class _Runner:
         if answer is None:
             code = self.close()
             raise _HostDied(f"the JavaScript engine crashed on this event (exit status {code})")
-        kind, body = answer[:1].decode(), answer[1:].decode("utf-8", "surrogatepass")
-        if kind == "N":
-            return "O", None
-        return kind, body
+        return answer
 
     def close(self) -> int | None:
         """Stops the process (if still running); its exit status."""
@@ -231,6 +301,22 @@ class _Runner:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _unpack_answers(view: memoryview, most: int) -> list[tuple[str, str | None]]:
+    """The (kind, text) answers of an `M` frame (`N` becomes ("O", None), as in `request`)."""
+    answers: list[tuple[str, str | None]] = []
+    offset = 1
+    while offset < len(view) and len(answers) < most:
+        kind = chr(view[offset])
+        length = HEADER.unpack_from(view, offset + 1)[0]
+        offset += 1 + HEADER.size
+        text = bytes(view[offset : offset + length]).decode("utf-8", "surrogatepass")
+        offset += length
+        answers.append(("O", None) if kind == "N" else (kind, text))
+    if not answers:
+        raise _HostDied("the JavaScript engine answered no event")
+    return answers
 
 
 _local = threading.local()

@@ -3,15 +3,23 @@
 QuickJS can crash its process on some out-of-memory paths, so the engine lives here, in a child
 process of the worker or executor that needs it: a crash costs one event and a restart, never the
 worker. Frames on stdin/stdout are a 4-byte big-endian length and a payload whose first byte says
-what it is: `L` + JSON {source, timeout_ms, memory_mb, stack_bytes, variables} loads the
-transform (answer `K`, or `S` + the syntax error); `R` + the event as JSON runs it (answer `O` +
-the result as JSON, `N` for null/undefined, or `E` + the error). EOF on stdin ends the process.
-Imports only quickjs and orjson: it starts in a few tens of milliseconds.
+what it is: `L` + JSON {source, timeout_ms, memory_mb, stack_bytes, max_result_bytes, variables}
+loads the transform (answer `K`, or `S` + the syntax error); `R` + the event as JSON runs it
+(answer `O` + the result as JSON, `N` for null/undefined, or `E` + the error); `M` + events, each
+a 4-byte length and its JSON, runs them one by one (each with the whole time limit) in one round
+trip: the answer is `M` + per event a kind byte (`O`, `N`, `E`), a 4-byte length and its text. An
+`M` answer may hold fewer answers than events (never none) when the answers grew past
+`BATCH_ANSWER_BYTES`: the rest is asked again. EOF on stdin, or the parent's death, ends the
+process. Imports only quickjs and orjson: it starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import resource
+import signal
 import struct
 import sys
 from typing import Any, BinaryIO
@@ -19,6 +27,9 @@ from typing import Any, BinaryIO
 import orjson
 
 HEADER = struct.Struct(">I")
+BATCH_ANSWER_BYTES = 32 * 1024 * 1024
+"""An `M` answer stops growing past this (the parent holds it in memory)."""
+PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
 
 # The runner, as in EventNative: `$` and `_` are the event; `new Function` keeps the body inside
 # its function; a body that is one expression returns its value.
@@ -85,29 +96,73 @@ def load(settings: dict[str, Any]) -> Any:
 def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
     """Answers frames until EOF."""
     context = function = None
+    result_limit = 0
     while (frame := read_frame(stdin)) is not None:
         kind, payload = frame[:1], frame[1:]
         if kind == b"L":
             try:
-                context, function = load(orjson.loads(payload))
+                settings = orjson.loads(payload)
+                context, function = load(settings)
             except Exception as exc:  # the engine's SyntaxError, or a limit hit while loading
                 write_frame(stdout, b"S" + (first_line(exc) or "the transform does not compile").encode())
                 continue
+            result_limit = settings.get("max_result_bytes", 0)
             write_frame(stdout, b"K")
         elif kind == b"R" and function is not None:
-            try:
-                result = function(payload.decode())
-            except Exception as exc:  # every engine error fails the event alone
-                context.gc()  # free what the failed call left behind
-                write_frame(stdout, b"E" + first_line(exc).encode())
-                continue
-            write_frame(stdout, b"N" if result is None else b"O" + str(result).encode())
+            answer_kind, text = run_one(context, function, payload, result_limit)
+            write_frame(stdout, answer_kind + text)
+        elif kind == b"M" and function is not None:
+            write_frame(stdout, b"M" + run_many(context, function, payload, result_limit))
         else:
             write_frame(stdout, b"E" + b"no transform loaded")
 
 
+def run_one(context: Any, function: Any, event: bytes, result_limit: int) -> tuple[bytes, bytes]:
+    """The answer's kind (`O`, `N`, `E`) and text for one event."""
+    try:
+        result = function(event.decode("utf-8", "surrogatepass"))
+    except Exception as exc:  # every engine error fails the event alone
+        context.gc()  # free what the failed call left behind
+        return b"E", first_line(exc).encode("utf-8", "replace")
+    if result is None:
+        return b"N", b""
+    text = str(result).encode("utf-8", "surrogatepass")
+    if result_limit and len(text) > result_limit:
+        return b"E", f"the result is larger than {result_limit // (1024 * 1024)} MiB".encode()
+    return b"O", text
+
+
+def run_many(context: Any, function: Any, payload: bytes, result_limit: int) -> bytes:
+    """The answers to the events of an `M` frame, each run alone (its own time limit)."""
+    view, offset, parts, size = memoryview(payload), 0, [], 0
+    while offset < len(view) and (not parts or size < BATCH_ANSWER_BYTES):
+        length = HEADER.unpack_from(view, offset)[0]
+        offset += HEADER.size
+        kind, text = run_one(context, function, bytes(view[offset : offset + length]), result_limit)
+        offset += length
+        parts.append(kind + HEADER.pack(len(text)) + text)
+        size += len(text)
+    return b"".join(parts)
+
+
+def confine(parent: int) -> None:
+    """Ends with the thread that started it (kill -9 included), and gives up what a JavaScript
+    engine with no I/O never needs: new processes, written files, more file descriptors.
+    QuickJS has none of these functions; this is the second wall, should a bug open a way."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: EOF on stdin still ends it
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent and os.getppid() != parent:  # the parent died before prctl took effect
+        sys.exit(0)
+    for limit, value in ((resource.RLIMIT_NPROC, 0), (resource.RLIMIT_FSIZE, 0), (resource.RLIMIT_NOFILE, 16)):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(limit, (value, value))
+
+
 def main() -> None:
     os.environ.pop("PYTHONSTARTUP", None)
+    import quickjs  # noqa: F401  (before the limits: importing opens files)
+
+    confine(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     serve(sys.stdin.buffer, sys.stdout.buffer)
 
 

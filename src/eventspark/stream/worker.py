@@ -237,8 +237,7 @@ class StreamWorker:
         """Runs the chain on each event: its row joins its table's, or its outcome is decided."""
         batch.events += len(records)
         outcome, tables = batch.outcome, batch.tables
-        for line in records:
-            result = self._run_chain(line)
+        for line, result in self._run_chain_many(records):
             if result is None:
                 outcome.skipped += 1
                 if self.cache is not None:
@@ -310,7 +309,24 @@ class StreamWorker:
         self._held = HeldBatch()
         self.reader.rewind()
 
-    def _run_chain(self, line: bytes) -> Row | list[Row] | Failure | None:
+    def _run_chain_many(self, records: list[bytes]) -> list[tuple[bytes, Row | list[Row] | Failure | None]]:
+        """Each line with the chain's result; the events go through the chain together (a
+        transform's engine then takes many per round trip), each failing alone."""
+        results: list[tuple[bytes, Row | list[Row] | Failure | None]] = []
+        events: list[dict[str, Any]] = []
+        lines: list[bytes] = []
+        for line in records:
+            event = self._parse(line)
+            if type(event) is Failure:
+                results.append((line, event))
+            else:
+                events.append(event)
+                lines.append(line)
+        results.extend(zip(lines, self.chain.process_many(events), strict=True))
+        return results
+
+    @staticmethod
+    def _parse(line: bytes) -> dict[str, Any] | Failure:
         try:
             event = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
@@ -318,7 +334,7 @@ class StreamWorker:
         if not isinstance(event, dict):
             return Failure("the event is not a JSON object")
         ensure_event_id(event, line)  # a replayed line may have none: a deterministic one
-        return self.chain.process(event)
+        return event
 
     def _deliver(self, table: str, rows: list[Row]) -> list[str | None]:
         delay = self.settings.retry_min_sec

@@ -65,7 +65,9 @@ def _operation(operation_id: str, compat: bool) -> Schema:
             422,
             503,
         ),
-        body=json_body(_BODY, "Plain or gzip (`Content-Encoding: gzip`); at most 64 × `server.max_event_size`"),
+        body=json_body(
+            _BODY, "Plain or gzip (`Content-Encoding: gzip`); at most 4 MiB (or `server.max_event_size` when larger)"
+        ),
         description="Point a Segment library's `host` at `<collector>/api/v1/segment` (docs/segment.md). "
         "A client secret answers 401.",
     )

@@ -84,11 +84,12 @@ def _default_host(app: Collector, request: Request) -> str:
 
 
 def _missing(name: str, search: list[Path]) -> str:
+    """The 404's message: what to do, without the server's directories (the answer is public)."""
     if not servable(name):
         return "Not found: only .js and .js.map files are served under /s/ and /t/"
-    places = ", ".join(str(directory) for directory in search)
+    places = "server.static_files_dir and the fetched SDK" if len(search) > 1 else "the fetched SDK"
     return (
-        f"{name} not found (looked in: {places}). Set server.static_files_dir to a directory holding it, "
+        f"{name} not found (looked in {places}). Set server.static_files_dir to a directory holding it, "
         f"or install the default tracking script ({SDK_PACKAGE} {SDK_VERSION}) with "
         "`eventspark tracking-script fetch`"
     )

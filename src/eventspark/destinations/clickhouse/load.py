@@ -310,13 +310,18 @@ class ClickHouseWarehouse(SqlWarehouse):
         client.execute(insert, doing, body, STREAM_SETTINGS)  # type: ignore[call-arg]
 
     def recognize_users(
-        self, table: Table, anonymous_column: str, user_columns: Sequence[str], pairs: Mapping[str, Sequence[Any]]
+        self,
+        table: Table,
+        anonymous_column: str,
+        user_columns: Sequence[str],
+        pairs: Mapping[str, Sequence[Any]],
+        unset: Sequence[str] = (),
     ) -> None:
         """One `ALTER TABLE ... UPDATE` mutation per MUTATION_IDS pairs (`docs/users-recognition.md`):
         mutations rewrite every part they touch and run in the background, so a pass makes as few
         as it can. Values that do not fit their column are left out: a failing mutation would
         block the table's later ones."""
-        statement = recognition_mutation(self.layout, table, anonymous_column, user_columns, pairs)
+        statement = recognition_mutation(self.layout, table, anonymous_column, user_columns, pairs, unset)
         if statement is None:
             return
         with self._session() as client:
@@ -330,7 +335,12 @@ MUTATION_SETTINGS = {"max_query_size": str(64 * 1024 * 1024)}
 
 
 def recognition_mutation(
-    layout: Layout, table: Table, anonymous_column: str, user_columns: Sequence[str], pairs: Mapping[str, Sequence[Any]]
+    layout: Layout,
+    table: Table,
+    anonymous_column: str,
+    user_columns: Sequence[str],
+    pairs: Mapping[str, Sequence[Any]],
+    unset: Sequence[str] = (),
 ) -> str | None:
     """`ALTER TABLE ... UPDATE` setting each user column from `transform` over the ids, on the rows
     of those ids whose user columns are all empty (NULL, '' or 0: columns are not Nullable)."""
@@ -347,7 +357,10 @@ def recognition_mutation(
     if not sets:
         return None
     ids = ", ".join(literal(a) for a in usable)
-    empty = " AND ".join(f"ifNull(toString({quote(c)}), '') IN ('', '0')" for c in user_columns)
+    empty = " AND ".join(
+        [f"ifNull(toString({quote(c)}), '') IN ('', '0')" for c in user_columns]
+        + [f"ifNull(toString({quote(c)}), '') = ''" for c in unset]
+    )
     return (
         f"ALTER TABLE {layout.name(table.name)}{layout.on_cluster()} UPDATE {', '.join(sets)} "
         f"WHERE toString({quote(anonymous_column)}) IN ({ids}) AND {empty}"

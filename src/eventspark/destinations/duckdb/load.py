@@ -95,7 +95,12 @@ class DuckDBWarehouse(SqlWarehouse):
         client.execute(statement + self._upsert(table, columns), doing, texts)
 
     def recognize_users(
-        self, table: Table, anonymous_column: str, user_columns: Sequence[str], pairs: Mapping[str, Sequence[Any]]
+        self,
+        table: Table,
+        anonymous_column: str,
+        user_columns: Sequence[str],
+        pairs: Mapping[str, Sequence[Any]],
+        unset: Sequence[str] = (),
     ) -> None:
         """One `UPDATE ... FROM` over `unnest`ed text lists (`docs/users-recognition.md`)."""
         quote, types = self.dialect.quote, table.columns
@@ -104,7 +109,11 @@ class DuckDBWarehouse(SqlWarehouse):
         )
         names = ["a"] + [f"u{i}" for i in range(len(user_columns))]
         lists = ", ".join(f"unnest(?::VARCHAR[]) AS {name}" for name in names)
-        empty = " AND ".join(f"{self.name(table.name)}.{quote(c)} IS NULL" for c in user_columns)
+        target = self.name(table.name)
+        empty = " AND ".join(
+            [f"{target}.{quote(c)} IS NULL" for c in user_columns]
+            + [f"COALESCE(CAST({target}.{quote(c)} AS VARCHAR), '') = ''" for c in unset]
+        )
         statement = (
             f"UPDATE {self.name(table.name)} SET {sets} FROM (SELECT {lists}) AS v "
             f"WHERE CAST({self.name(table.name)}.{quote(anonymous_column)} AS VARCHAR) = v.a AND {empty}"

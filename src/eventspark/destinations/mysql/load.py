@@ -174,14 +174,22 @@ class MySQLWarehouse(SqlWarehouse):
             client.execute(prefix + ", ".join([marks] * len(part)) + suffix, doing, [v for row in part for v in row])
 
     def recognize_users(
-        self, table: Table, anonymous_column: str, user_columns: Sequence[str], pairs: Mapping[str, Sequence[Any]]
+        self,
+        table: Table,
+        anonymous_column: str,
+        user_columns: Sequence[str],
+        pairs: Mapping[str, Sequence[Any]],
+        unset: Sequence[str] = (),
     ) -> None:
         """`UPDATE ... JOIN` a derived table of the pairs as parameters, INSERT_ROWS pairs per
         statement, in one transaction (`docs/users-recognition.md`)."""
         first = "SELECT %s AS a" + "".join(f", %s AS u{i}" for i in range(len(user_columns)))
         more = "SELECT " + ", ".join(["%s"] * (len(user_columns) + 1))
         sets = ", ".join(pct(f"t.{quote(c)}") + f" = v.u{i}" for i, c in enumerate(user_columns))
-        empty = " AND ".join(pct(f"t.{quote(c)}") + " IS NULL" for c in user_columns)
+        empty = " AND ".join(
+            [pct(f"t.{quote(c)}") + " IS NULL" for c in user_columns]
+            + ["COALESCE(" + pct(f"t.{quote(c)}") + ", '') = ''" for c in unset]
+        )
         head = pct(f"UPDATE {self.name(table.name)} AS t JOIN (")
         tail = ") AS v ON " + pct(f"t.{quote(anonymous_column)}") + f" = v.a SET {sets} WHERE {empty}"
         items = [[anonymous_id, *values] for anonymous_id, values in pairs.items()]

@@ -120,7 +120,12 @@ class PostgresWarehouse(SqlWarehouse):
         client.execute(f"{head}%s::jsonb{tail}", doing, [payload])
 
     def recognize_users(
-        self, table: Table, anonymous_column: str, user_columns: Sequence[str], pairs: Mapping[str, Sequence[Any]]
+        self,
+        table: Table,
+        anonymous_column: str,
+        user_columns: Sequence[str],
+        pairs: Mapping[str, Sequence[Any]],
+        unset: Sequence[str] = (),
     ) -> None:
         """One `UPDATE ... FROM` over the pairs sent as one JSON parameter (`docs/users-recognition.md`)."""
         quote, types = self.dialect.quote, table.columns
@@ -128,7 +133,9 @@ class PostgresWarehouse(SqlWarehouse):
             f"{quote(c)} = {cast_expr(f'(v.r->>{i})', DataType.STRING, types[c])}"
             for i, c in enumerate(user_columns, start=1)
         )
-        empty = " AND ".join(f"t.{quote(c)} IS NULL" for c in user_columns)
+        empty = " AND ".join(
+            [f"t.{quote(c)} IS NULL" for c in user_columns] + [f"COALESCE(t.{quote(c)}::text, '') = ''" for c in unset]
+        )
         anonymous = quote(anonymous_column)
         # `%` is the driver's placeholder mark: escape it in names.
         head = f"UPDATE {self.name(table.name)} AS t SET {sets} FROM jsonb_array_elements(".replace("%", "%%")
