@@ -44,6 +44,10 @@ def request(query: bytes = b"", headers: dict[bytes, bytes] | None = None) -> Re
         (b"a=1&p_k=pp&p_j=qq", {}, "pp"),
         (b"token=&p_k=pp", {}, "pp"),
         (b"tokens=no&ptoken=no", {}, None),
+        (b"p_k=pp", {b"api_key": b"ak"}, "pp"),
+        (b"", {b"api_key": b"ak", b"authorization": b"Basic dXNlcjo="}, "ak"),
+        (b"", {b"authorization": b"Basic dXNlcjo="}, "user"),  # base64("user:")
+        (b"", {b"authorization": b"Bearer dXNlcjo="}, None),
     ],
 )
 def test_token_lookup_order(query: bytes, headers: dict[bytes, bytes], expected: str | None) -> None:

@@ -183,7 +183,8 @@ def plain_query_token(raw: bytes) -> str | None:
 
 
 def request_token(request: Request) -> str | None:
-    """EventNative's lookup order: query `token`, header `X-Auth-Token`, first `p_*` query parameter."""
+    """EventNative's lookup order: query `token`, header `X-Auth-Token`, first `p_*` query parameter,
+    header `api_key`, HTTP basic auth user (Segment's libraries send the write key there)."""
     plain = plain_query_token(request.scope["query_string"])
     if plain is not None:
         return plain
@@ -197,7 +198,10 @@ def request_token(request: Request) -> str | None:
     for key, value in query:
         if key.startswith("p_") and value:
             return value
-    return None
+    api_key = request.headers.get(b"api_key")
+    if api_key:
+        return api_key.decode("utf-8", "replace")
+    return basic_auth_user(request)
 
 
 MAX_AUTHORIZATION_LENGTH = 4096
