@@ -111,3 +111,17 @@ def test_a_server_that_trickles_its_body_times_out(serve_handler: Any) -> None:
     with pytest.raises(SourceError, match="not read within"):
         fetch(f"http://{slow}/keys", timeout=1.0)
     assert time.monotonic() - started < 3
+
+
+def test_a_collector_that_could_not_use_a_published_config_gets_it_again(tmp_path: Path) -> None:
+    from eventspark.config.sources import SourcesWatch
+
+    publish(tmp_path, {"api_keys": ["first"]})
+    watch = SourcesWatch.open(tmp_path)
+    assert watch is not None and watch.changed() is None  # the one it started with
+    publish(tmp_path, {"api_keys": ["second"]})
+    assert watch.changed() == {"api_keys": ["second"]}
+    assert watch.changed() is None
+    watch.retry()  # e.g. its build failed in this process
+    assert watch.changed() == {"api_keys": ["second"]}
+    assert watch.changed() is None

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from eventspark.steps import transform as transform_module
@@ -102,6 +103,15 @@ def test_process_many_gives_what_process_gives() -> None:
     plain = chain_for("return $")
     plain.transform = None  # without a transform: the chain's usual path
     assert all(type(result) is Row for result in plain.process_many([dict(EVENT), dict(EVENT)]))
+
+
+def test_a_result_that_is_not_valid_json_fails_the_event_alone() -> None:
+    """JSON.stringify writes a lone surrogate as `\\ud800`, which orjson refuses: before, the
+    error escaped the chain (a stream worker retried its micro-batch forever)."""
+    chain = chain_for("return $.bad ? {s: String.fromCharCode(0xd800)} : $")
+    results = chain.process_many([{**EVENT, "bad": True}, dict(EVENT)])
+    assert isinstance(results[0], Failure) and results[0].error.startswith("transform: the result is not valid JSON")
+    assert isinstance(results[1], Row)
 
 
 # --- the engine's process ------------------------------------------------------------------------
@@ -263,3 +273,44 @@ def test_the_engine_cannot_start_processes_nor_write_files(tmp_path: Path) -> No
     limits = Path(f"/proc/{pid}/limits").read_text()
     assert any(line.startswith("Max file size") and line.split()[3] == "0" for line in limits.splitlines()), limits
     assert any(line.startswith("Max processes") and line.split()[2] == "0" for line in limits.splitlines()), limits
+
+
+# --- a Spark task's events ------------------------------------------------------------------------
+
+
+def test_a_spark_task_sends_its_events_in_batches_keeps_their_order_and_skips_done_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eventspark.batch.partition import process_splits
+    from eventspark.batch.splits import Split
+    from eventspark.destinations.base import ORDER_COLUMN
+    from eventspark.destinations.duckdb.configuration import DuckDBDestination
+    from tests.batch.test_partition import SUMMARY_FIELDS, RecordingJsonStage, _plan
+
+    stage = RecordingJsonStage(refuse=set())
+    plan = _plan(tmp_path, stage)
+    plan.destinations["dd"] = DuckDBDestination.model_validate(
+        {
+            "type": "duckdb",
+            "data_layout": {"table_name_template": "{{.event_type}}"},
+            "transform": 'if ($.id == 7) throw new Error("bad");'
+            ' return [{...$, event_type: "a"}, {...$, event_type: "b"}]',
+        }
+    )
+    plan.primary_keys = {"dd": ("id",)}
+    plan.done = {("log", "dd"): frozenset({"a"})}  # a rerun: this log's rows of table `a` are loaded already
+    path = tmp_path / "log"
+    path.write_bytes(b"".join(orjson.dumps({"event_type": "x", "id": n}) + b"\n" for n in range(1200)))
+    calls = count_exchanges(monkeypatch)
+    summary = [
+        dict(zip(SUMMARY_FIELDS, row, strict=True))
+        for row in process_splits(plan, 3, [Split(str(path), 0, path.stat().st_size)])
+    ]
+    assert calls[0] < 30, calls  # a few sampled events alone, then batches: not 1200 round trips
+    counts = {r["tbl"]: (r["rows"], r["failed"]) for r in summary if r["kind"] == "count"}
+    assert counts == {"": (0, 1), "b": (1199, 0)}  # nothing for `a` again; the throwing event failed
+    rows = [dict(zip(columns, row, strict=True)) for columns, chunk in stage.written for row in chunk]
+    assert {row["event_type"] for row in rows} == {"b"} and len(rows) == 1199
+    assert len({row[ORDER_COLUMN] for row in rows}) == 1199  # one per line: the last of a key wins an upsert
+    by_line = sorted(rows, key=lambda row: row[ORDER_COLUMN])
+    assert [row["id"] for row in by_line] == [n for n in range(1200) if n != 7]  # each its own line's seq

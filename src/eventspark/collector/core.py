@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_SERVER_NAME = "unnamed-server"
 SOURCES_POLL_SEC = 1.0
 """How often a collector process looks for a config its serving process reloaded (one stat)."""
+SOURCES_RETRY_SEC = 30.0
+"""After a reloaded config this process could not use (the serving process did: it is retried)."""
 _DUMPS_OPTION = orjson.OPT_APPEND_NEWLINE
 
 
@@ -161,8 +163,10 @@ class Collector:
             try:  # validated by the serving process already: this should not fail
                 loaded = await asyncio.to_thread(build_loaded, raw, False)
                 self.reconfigure(loaded.config)
-            except Exception:  # e.g. a queue directory that cannot be created: the next one may do
-                logger.exception("cannot use the reloaded config; keeping the current one")
+            except Exception:  # e.g. no process for a transform's check, a queue directory not made
+                logger.exception("cannot use the reloaded config; keeping the current one, trying again")
+                watch.retry()
+                await asyncio.sleep(SOURCES_RETRY_SEC)  # not a traceback a second
 
     def reconfigure(self, config: Config) -> None:
         """Switches to the tokens and destinations of `config` (other sections are the same):

@@ -286,6 +286,7 @@ class SourcesWatch:
         self.path = path
         self._stat: tuple[int, int, int] | None = None
         self.digest: str | None = None
+        self._previous: str | None = None
 
     @classmethod
     def open(cls, log_path: Path) -> SourcesWatch | None:
@@ -317,8 +318,12 @@ class SourcesWatch:
         if document.get("digest") == self.digest:
             return None
         first = self.digest is None
-        self.digest = document.get("digest")
+        self._previous, self.digest = self.digest, document.get("digest")
         return None if first else document.get("raw")
+
+    def retry(self) -> None:
+        """The document `changed` gave could not be used: it is given again at the next call."""
+        self._stat, self.digest = None, self._previous
 
 
 # --- reloading -------------------------------------------------------------------------------------

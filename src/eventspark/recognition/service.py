@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from eventspark.coordination import Coordination, CoordinationError
 from eventspark.destinations.base import DestinationAdapter, DestinationError, TerminalError
@@ -41,6 +41,7 @@ from eventspark.steps.recognition import (
 from eventspark.steps.typing import DataType, coerce, format_timestamp
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 UPDATE_IDS = 5000
 """Most anonymous ids in one update statement (ClickHouse: one mutation)."""
@@ -152,7 +153,8 @@ class Recognizer:
         """Sets the user of the pending ids' rows; skipped (logged) when the index is away."""
         return self._guarded(lambda: self._settle(adapter), RunResult(skipped=True))
 
-    def _guarded(self, step: Any, skipped: Any) -> Any:
+    def _guarded(self, step: Callable[[], T], skipped: T) -> T:
+        """`step()`, or `skipped` while the index is away (and when it fails now: a pause)."""
         if time.monotonic() < self._paused_until:
             return skipped
         try:

@@ -256,15 +256,20 @@ class StreamWorker:
         # Per event (its line: rows of one event share it), the first error of its rows: an event
         # a transform made several rows of is delivered only when all of them are.
         errors_of: dict[int, tuple[bytes, str | None]] = {}
+        loaded_in: dict[int, dict[str, None]] = {}  # the tables that took a row of the event
         for table, items in batch.tables.items():
             errors = self._deliver(table, [row for row, _ in items])
             for (_, line), error in zip(items, errors, strict=True):
                 known = errors_of.get(id(line))
                 if known is None or (known[1] is None and error is not None):
                     errors_of[id(line)] = (line, error)
-        for line, error in errors_of.values():
+                if error is None:
+                    loaded_in.setdefault(id(line), {})[table] = None
+        for key, (line, error) in errors_of.items():
             if error is None:
                 outcome.delivered.append(line)
+            elif key in loaded_in:  # a replay would load these rows again: say so
+                outcome.failed.append((line, f"{error} (its rows in {', '.join(loaded_in[key])} were loaded)"))
             else:
                 outcome.failed.append((line, error))
         if self.cache is not None:
