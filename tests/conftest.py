@@ -15,7 +15,12 @@ import pytest
 if TYPE_CHECKING:
     from tests.private_postgres import PostgresServer
 
-pytest_plugins = ["tests.emulators.snowflake", "tests.emulators.bigquery", "tests.emulators.s3"]
+pytest_plugins = [
+    "tests.emulators.snowflake",
+    "tests.emulators.bigquery",
+    "tests.emulators.s3",
+    "tests.ui.browser",  # the browser fixtures of tests/ui and tests/static
+]
 
 PG_HOST = "127.0.0.1"
 PG_PORT = 5432

@@ -25,7 +25,6 @@ from eventspark.sdk import fetch_sdk, sdk_root
 from tests.collector.conftest import Server
 from tests.conftest import pg_conninfo
 from tests.static.conftest import CLIENT_SECRET, serve_config, start_with_sdk
-from tests.ui.browser import install_chromium, start_chromium
 
 TABLE = "web_events"
 DELIVERY_TIMEOUT = 30  # the page loads, lib.js posts, the stream worker creates the table
@@ -36,20 +35,6 @@ def sdk() -> Path:
     """The real SDK's root directory (fetched from the npm registry when missing)."""
     fetch_sdk()
     return sdk_root()
-
-
-@pytest.fixture(scope="module")
-def chromium_installed() -> None:
-    install_chromium()
-
-
-@pytest.fixture
-def browser(chromium_installed: None, tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    driver = start_chromium(tmp_path / "chromium-profile")
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture

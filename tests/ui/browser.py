@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
@@ -43,3 +45,21 @@ def start_chromium(profile: Path) -> webdriver.Chrome:
         options.add_argument(flag)
     service = Service(executable_path=str(CHROMEDRIVER), log_output=str(profile.parent / "chromedriver.log"))
     return webdriver.Chrome(options=options, service=service)
+
+
+# Fixtures of every browser test (tests/ui, tests/static): a plugin of tests/conftest.py.
+
+
+@pytest.fixture(scope="session")
+def chromium_installed() -> None:
+    install_chromium()
+
+
+@pytest.fixture
+def browser(chromium_installed: None, tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    """A fresh headless Chromium (own profile: no sessionStorage from another test)."""
+    driver = start_chromium(tmp_path / "chromium-profile")
+    try:
+        yield driver
+    finally:
+        driver.quit()

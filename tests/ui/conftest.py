@@ -6,31 +6,12 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from selenium import webdriver
 
 from tests.collector.conftest import Server, start_server
 from tests.conftest import PG_DB, PG_HOST, PG_PORT, PG_USER, pg_conninfo
-from tests.ui.browser import install_chromium, start_chromium
-
-
-@pytest.fixture(scope="session")
-def chromium_installed() -> None:
-    install_chromium()
-
-
-@pytest.fixture
-def browser(chromium_installed: None, tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    """A fresh headless Chromium (own profile: no sessionStorage from another test)."""
-    driver = start_chromium(tmp_path / "chromium-profile")
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
 
 ADMIN = "ui-admin-secret"
 CLIENT_SECRET = "ui-js-secret"

@@ -25,6 +25,7 @@ from eventspark.coordination.base import (
     holder_value,
 )
 from eventspark.coordination.leases import LeaseRenewer, releasing, wait_for_lock
+from eventspark.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
 
@@ -66,13 +67,10 @@ class RedisCoordination:
         self._beating = False
         self._prefix = key_prefix
         # The client connects lazily, on its first command: building it does no I/O.
-        self._client = redis.Redis(
-            host=config.host,
-            port=config.port,
-            password=config.password,
+        self._client = redis_client(
+            config,
+            REQUEST_TIMEOUT_SECONDS,
             decode_responses=True,
-            socket_connect_timeout=REQUEST_TIMEOUT_SECONDS,
-            socket_timeout=REQUEST_TIMEOUT_SECONDS,
             retry=Retry(ExponentialWithJitterBackoff(cap=0.25, base=0.02), RETRIES),
         )
         self._renew_script = self._client.register_script(RENEW_IF_OWNER)

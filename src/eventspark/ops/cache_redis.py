@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import redis
-
 from eventspark.config.models import RedisConfig
 from eventspark.ops.cache import CachedEvent
+from eventspark.redis_client import redis_client
 
 DEFAULT_PREFIX = "eventspark:events_cache:"
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
@@ -59,13 +58,7 @@ class RedisStore:
         self.size = size
         self.prefix = prefix
         self.ttl = ttl
-        self._client = redis.Redis(
-            host=config.host,
-            port=config.port,
-            password=config.password,
-            socket_connect_timeout=TIMEOUT_SECONDS,
-            socket_timeout=TIMEOUT_SECONDS,
-        )
+        self._client = redis_client(config, TIMEOUT_SECONDS)
         self._put = self._client.register_script(PUT)
 
     def keys(self, destination_id: str) -> tuple[str, str]:

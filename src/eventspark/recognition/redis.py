@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
-import redis
 
 from eventspark.config.models import RedisConfig
+from eventspark.redis_client import redis_client
 from eventspark.steps.recognition import Identity
 
 DEFAULT_PREFIX = "eventspark:recognition:"
@@ -33,13 +33,7 @@ class RedisIndex:
     def __init__(self, config: RedisConfig, dest_id: str, ttl_seconds: float, prefix: str = DEFAULT_PREFIX) -> None:
         self.base = f"{prefix}{dest_id}:"
         self.ttl = max(1, int(ttl_seconds))
-        self._client = redis.Redis(
-            host=config.host,
-            port=config.port,
-            password=config.password,
-            socket_connect_timeout=TIMEOUT_SECONDS,
-            socket_timeout=TIMEOUT_SECONDS,
-        )
+        self._client = redis_client(config, TIMEOUT_SECONDS)
 
     def add_tables(self, tables: Mapping[str, Iterable[str]]) -> None:
         for part in _chunks(list(tables.items())):
