@@ -20,6 +20,7 @@ import redis
 
 from tests.collector import conftest as collector_fixtures
 from tests.collector.conftest import Server, start_server
+from tests.vectors import hashed_id
 
 run_server = collector_fixtures.run_server
 
@@ -29,11 +30,19 @@ S2S = "cache-s2s-secret"
 KEYS = [{"id": "web", "client_secret": JS, "server_secret": S2S}]
 SKIP_TEMPLATE = '{{if eq .event_type "heartbeat"}}{{else}}events{{end}}'
 CACHE_PATH = "/api/v1/events/cache"
+USER_AGENT = "cache-test/1.0"
+HASHED_ID = hashed_id("127.0.0.1", USER_AGENT)
+"""`hashed_anonymous_id` of the events sent here (from the peer address, no X-Forwarded-For)."""
 
 
 def send(server: Server, *events: dict[str, Any]) -> None:
     body = events[0] if len(events) == 1 else list(events)
-    answer = httpx.post(f"{server.url}/api/v1/s2s/event?token={S2S}", content=orjson.dumps(body), timeout=10)
+    answer = httpx.post(
+        f"{server.url}/api/v1/s2s/event?token={S2S}",
+        content=orjson.dumps(body),
+        headers={"User-Agent": USER_AGENT},
+        timeout=10,
+    )
     assert answer.status_code == 200, answer.text
 
 
@@ -88,12 +97,14 @@ def check_stream_outcomes(server: Server) -> None:
     send(server, event(1, price=9.5, user={"id": 42}))
     first = wait_for(server, lambda e: e.get(event_id(1), {}).get("status") == "success")[event_id(1)]
     assert first["destination_id"] == "pg" and first["token_id"] == "web" and first["error"] == ""
-    assert first["original"]["user"] == {"id": 42} and first["original"]["src"] == "api"  # as enriched
+    assert first["original"]["user"] == {"id": 42, "hashed_anonymous_id": HASHED_ID}  # as enriched
+    assert first["original"]["src"] == "api"
     assert first["success"]["table"] == "events"
     stored = fields(first)
     assert stored["n"] == ("bigint", 1)
     assert stored["price"] == ("numeric(38,18)", 9.5)
     assert stored["user_id"] == ("bigint", 42)
+    assert stored["user_hashed_anonymous_id"] == ("text", HASHED_ID)
     assert stored["eventn_ctx_event_id"] == ("text", event_id(1))
     assert stored["_timestamp"][0] == "timestamp"
     # `n` is a bigint column now: a word does not fit it.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import re
 import signal
 import uuid
@@ -15,6 +14,7 @@ import orjson
 import pytest
 
 from tests.collector.conftest import TESTDATA, Server, fixture_json, start_server
+from tests.vectors import with_hashed_id
 
 ADMIN = "admin-secret"
 MAX_EVENT_SIZE = 64 * 1024
@@ -100,20 +100,6 @@ def without_generated(event: dict[str, Any], expected: dict[str, Any]) -> dict[s
 
 def expected_without_generated(expected: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in with_hashed_id(expected).items() if k != "_timestamp" and v != "mockeduuid"}
-
-
-# The vectors come from EventNative 1.3x, before `hashed_anonymous_id` (1.41, issue 17): md5 hex of
-# the client address followed by the User-Agent header, in the user object the event already has.
-HASHED_ID = hashlib.md5(b"95.82.232.185Go-http-client/1.1").hexdigest()
-
-
-def with_hashed_id(expected: dict[str, Any]) -> dict[str, Any]:
-    ctx = expected.get("eventn_ctx")
-    user = ctx.get("user") if isinstance(ctx, dict) else None
-    user = user if isinstance(user, dict) else expected.get("user")
-    if isinstance(user, dict):
-        user["hashed_anonymous_id"] = HASHED_ID
-    return expected
 
 
 # --- ping, routing --------------------------------------------------------------------------------

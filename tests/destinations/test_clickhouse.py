@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -477,6 +479,14 @@ def _final(server: ClickHouseServer, db: str, sql: str) -> list[tuple[Any, ...]]
     return [tuple(r) for r in server.query(sql)]
 
 
+def _line_id(line: bytes) -> str:
+    """The id a line without one gets at load: the first 122 bits of its SHA-256 in a version 8 UUID."""
+    raw = bytearray(hashlib.sha256(line.strip()).digest()[:16])
+    raw[6] = 0x80 | (raw[6] & 0x0F)  # version 8
+    raw[8] = 0x80 | (raw[8] & 0x3F)  # RFC 9562 variant
+    return str(uuid.UUID(bytes=bytes(raw)))
+
+
 @pytest.mark.spark
 def test_batch_loads_the_fixture_log(
     spark: Any, tmp_path: Any, clickhouse_server: ClickHouseServer, clickhouse_db: str
@@ -501,11 +511,19 @@ def test_batch_loads_the_fixture_log(
     # Mixed values of one column are promoted within the batch; NULL is '' in a String column.
     values = clickhouse_server.query(f"SELECT key10_sib1_1 FROM `{clickhouse_db}`.user_2020_08 ORDER BY key10_sib1_1")
     assert values == [[""], ["50.0"], ["k"]]
-    # These events have no eventn_ctx_event_id: a MergeTree ordered by nothing, partitioned by month.
+    # The fixture's lines have no event id: each gets one derived from the line at load (as
+    # EventNative gave one), so the table is EventNative's default, keyed by the event id.
     (engine,) = clickhouse_server.query(
         f"SELECT engine_full FROM system.tables WHERE database = '{clickhouse_db}' AND name = 'user_2020_08'"
     )
-    assert engine[0].startswith("MergeTree() PARTITION BY toYYYYMM(_timestamp) ORDER BY tuple()")
+    assert engine[0].startswith(
+        "ReplacingMergeTree(_timestamp) PARTITION BY toYYYYMM(_timestamp) ORDER BY eventn_ctx_event_id "
+    )
+    ids = clickhouse_server.query(f"SELECT eventn_ctx_event_id FROM `{clickhouse_db}`.user_2020_08")
+    lines = [line for line in FIXTURE_LOG.read_bytes().splitlines() if line.strip()]
+    august_users = [line for line in lines if b'"event_type":"user"' in line and b'"_timestamp":"2020-08' in line]
+    assert len(august_users) == 3
+    assert sorted(i for (i,) in ids) == sorted(_line_id(line) for line in august_users)
     stages = clickhouse_server.query(
         f"SELECT count() FROM system.tables WHERE database = '{clickhouse_db}' AND name LIKE '\\\\_es\\\\_%'"
     )

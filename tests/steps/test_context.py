@@ -1,4 +1,3 @@
-import hashlib
 import json
 import os
 import uuid
@@ -16,6 +15,7 @@ from eventspark.steps.context import (
     new_event_id,
     utc_timestamp,
 )
+from tests.vectors import with_hashed_id
 
 VECTORS = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
 NOW = datetime(2020, 6, 16, 23, 0, 0, tzinfo=UTC)
@@ -62,20 +62,6 @@ def test_eventnative_template_vector() -> None:
     body = load("mobile_events_template_input.json")
     enriched = [enrich(merge_template(body["template"], event), JS) for event in body["events"]]
     assert enriched == [with_hashed_id(event) for event in load("mobile_facts_template_output.json")]
-
-
-# The vectors come from EventNative 1.3x, before `hashed_anonymous_id` (1.41, issue 17): md5 hex of
-# the client address followed by the User-Agent header, in the user object the event already has.
-HASHED_ID = hashlib.md5(b"95.82.232.185Go-http-client/1.1").hexdigest()
-
-
-def with_hashed_id(expected: dict[str, Any]) -> dict[str, Any]:
-    ctx = expected.get("eventn_ctx")
-    user = ctx.get("user") if isinstance(ctx, dict) else None
-    user = user if isinstance(user, dict) else expected.get("user")
-    if isinstance(user, dict):
-        user["hashed_anonymous_id"] = HASHED_ID
-    return expected
 
 
 def test_format_timestamp() -> None:

@@ -56,10 +56,10 @@ async def dry_run(app: Collector, request: Request) -> Response:
     events, one_object = _events(await read_body(request.receive, request.headers, app.max_event_size))
     if not 1 <= len(events) <= dryrun.MAX_EVENTS:
         raise parse_failed(f"a dry run takes 1 to {dryrun.MAX_EVENTS} events, got {len(events)}")
-    ip, _ = sender(request.scope, request.headers, True, app.proxies)
+    ip, agent = sender(request.scope, request.headers, True, app.proxies)
     now = utc_timestamp()
-    for event in events:  # as the s2s endpoint enriches them
-        enrich_context(event, token=secret, source_ip=ip, user_agent=None, server_side=True, timestamp=now)
+    for event in events:  # as the s2s endpoint enriches them (the agent goes into hashed_anonymous_id)
+        enrich_context(event, token=secret, source_ip=ip, user_agent=agent, server_side=True, timestamp=now)
     geo = app.config.geo.maxmind_path
     try:
         limit = app.config.server.max_columns
