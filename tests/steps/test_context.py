@@ -265,3 +265,23 @@ def test_merge_template_survives_hostile_depth() -> None:
         assert walk is not original
         walk, original = walk["d"][0], original["d"][0]
     assert walk == {"leaf": 1}
+
+
+def test_hashed_anonymous_id_cache_is_bounded_and_exact() -> None:
+    import hashlib
+
+    from eventspark.steps import context
+
+    def expected(ip: str, agent: str) -> str:
+        return hashlib.md5((ip + agent).encode("utf-8", "surrogatepass")).hexdigest()
+
+    pairs = [(f"10.0.{n // 256}.{n % 256}", "agent") for n in range(context._MAX_HASHED + 100)]
+    for _ in range(2):  # the second round reads what the first one cached (or recomputes after a clear)
+        assert all(context.hashed_anonymous_id(ip, agent) == expected(ip, agent) for ip, agent in pairs)
+    assert len(context._hashed) <= context._MAX_HASHED
+    huge = "x" * (context._MAX_HASHED_KEY + 1)
+    assert context.hashed_anonymous_id("1.2.3.4", huge) == expected("1.2.3.4", huge)
+    assert "1.2.3.4" + huge not in context._hashed  # a huge User-Agent is not kept
+    event = {"source_ip": "10.0.0.1", "eventn_ctx": {"user": {}}}
+    enrich_context(event, token="t", source_ip="9.9.9.9", user_agent="agent", server_side=False)
+    assert event["eventn_ctx"]["user"]["hashed_anonymous_id"] == expected("10.0.0.1", "agent")

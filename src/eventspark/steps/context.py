@@ -141,23 +141,29 @@ def utc_timestamp(ns: int | None = None) -> str:
     return f"{text}.{_THREE_DIGITS[fraction // 1_000_000]}{_THREE_DIGITS[fraction // 1000 % 1000]}Z"
 
 
-# The last address + agent hashed and its digest: the events of a request (and a client's
-# requests in a row) share them. Replacing the tuple is atomic for threads.
-_last_hashed: tuple[str, str] = ("", md5(b"").hexdigest())
+# Digests by address + agent: the events of a request share a client, and so do a client's
+# requests; events that carry their own ``source_ip`` (replays, server batches) interleave
+# thousands of clients. A dict hit costs a fraction of md5 + hex. Bounded: cleared when full,
+# and a key longer than _MAX_HASHED_KEY (a huge User-Agent) is hashed but not kept. Single dict
+# operations are atomic for threads; a lost entry after a concurrent clear is only recomputed.
+_hashed: dict[str, str] = {}
+_MAX_HASHED = 4096
+_MAX_HASHED_KEY = 512
 
 
 def hashed_anonymous_id(ip: str, user_agent: str) -> str:
     """EventNative 1.41's ``hashed_anonymous_id``: md5 hex of ``ip`` followed by ``user_agent``."""
     key = ip + user_agent
-    last, digest = _last_hashed
-    return digest if key == last else _hash_key(key)
+    return _hashed.get(key) or _hash_key(key)
 
 
 def _hash_key(key: str) -> str:
-    global _last_hashed
     # surrogatepass: a lone surrogate (from a lenient JSON parser) must not fail the request.
     digest = md5(key.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()
-    _last_hashed = (key, digest)
+    if len(key) <= _MAX_HASHED_KEY:
+        if len(_hashed) >= _MAX_HASHED:
+            _hashed.clear()
+        _hashed[key] = digest
     return digest
 
 
@@ -223,8 +229,7 @@ def enrich_context(
     if user.__class__ is dict:
         # hashed_anonymous_id inlined: a call costs more than the cache hit of a request's events
         key = (sent_ip if sent_ip.__class__ is str else source_ip) + (user_agent or "")
-        last, digest = _last_hashed
-        user["hashed_anonymous_id"] = digest if key == last else _hash_key(key)
+        user["hashed_anonymous_id"] = _hashed.get(key) or _hash_key(key)
     if nested:
         event_id = ctx.get("event_id")
         if event_id.__class__ is not str or not event_id:  # the usual non-empty string stays as it is
