@@ -161,3 +161,30 @@ def test_clickhouse_batch_one_mutation_per_table_per_pass(
     assert {table: int(count) for table, count in mutations} == {"pageview": 1, "click": 1}
     server.stop()
     assert "Traceback" not in server.text(), server.text()[-3000:]
+
+
+def test_redshift_batch_and_stream(run_server: Any, pg_datasource: dict[str, Any], pg_schema: str) -> None:
+    """`type: redshift` through `serve` (its SQL on PostgreSQL, as tests/destinations run it)."""
+    destinations = {
+        "rsb": {
+            "type": "redshift",
+            "datasource": pg_datasource,
+            "data_layout": {"table_name_template": "b_{{.event_type}}"},
+        },
+        "rss": {
+            "type": "redshift",
+            "mode": "stream",
+            "datasource": pg_datasource,
+            "data_layout": {"table_name_template": "s_{{.event_type}}"},
+        },
+    }
+    server = run_server(serve_config(destinations))
+    send(server, ANONYMOUS)
+    batch_pass(server)
+    send(server, IDENTIFY)
+    batch_pass(server)
+    assert pg_reader(pg_schema, "b_")() == EXPECTED
+    assert wait_for(pg_reader(pg_schema, "s_"), EXPECTED) == EXPECTED
+    assert not (server.events_dir / "failed").exists() or not any((server.events_dir / "failed").iterdir())
+    server.stop()
+    assert "Traceback" not in server.text(), server.text()[-3000:]

@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import pg_conninfo
 from tests.destinations import conftest as destination_fixtures
 from tests.destinations.conftest import ClickHouseServer, mysql_connect
+from tests.emulators.bigquery import BigQueryEmulator
+from tests.emulators.snowflake import SF_HOST, sf_rows
 from tests.recognition.helpers import ANONYMOUS, EXPECTED, IDENTIFY, KEY, RECOGNITION, page, wait_for_mutations
 from tests.stream.helpers import Harness, duckdb_stream, make_config, postgres_stream
 
@@ -170,3 +172,49 @@ def test_a_table_with_rows_of_both_sdks(make_harness: Any, pg_datasource: dict[s
         rows = {key: (flat, nested) for key, flat, nested in conn.execute(sql).fetchall()}
     assert rows == {"e0001": ("u1", None), "e0002": (None, "v1"), "e0003": (None, None)}
     assert harness.failed() == []
+
+
+def test_redshift(make_harness: Any, pg_datasource: dict[str, Any], pg_schema: str) -> None:
+    """Redshift's SQL on the machine's PostgreSQL (as tests/destinations run it: no emulator)."""
+    harness = make_harness({**postgres_stream(pg_datasource, TEMPLATE), "type": "redshift"})
+
+    def read(table: str) -> dict[str, Any]:
+        with psycopg.connect(pg_conninfo(), autocommit=True) as conn:
+            rows = conn.execute(f'SELECT {KEY}, user_id FROM "{pg_schema}"."{table}"').fetchall()
+        return dict(rows)
+
+    run(harness, read)
+
+
+def test_snowflake(make_harness: Any, fakesnow_server: int, snowflake_db: str) -> None:
+    """On fakesnow's server (tests/emulators/snowflake.py), through the real Snowflake driver."""
+    block = {
+        **{"account": "fakesnow", "db": snowflake_db, "schema": "events", "username": "fake", "password": "snow"},
+        **{"warehouse": "test_wh", "host": SF_HOST, "port": fakesnow_server, "protocol": "http"},
+    }
+    layout = {"table_name_template": TEMPLATE, "primary_key_fields": [KEY]}
+    harness = make_harness({"type": "snowflake", "mode": "stream", "snowflake": block, "data_layout": layout})
+
+    def read(table: str) -> dict[str, Any]:
+        sql = f'SELECT "{KEY.upper()}", "USER_ID" FROM "EVENTS"."{table.upper()}"'
+        return dict(sf_rows(fakesnow_server, sql, None, snowflake_db))
+
+    run(harness, read)
+
+
+def test_bigquery(make_harness: Any, bigquery_emulator: BigQueryEmulator, bq_dataset: str) -> None:
+    """On bqemulator (tests/emulators/bigquery.py), with a key: keyed stream rows are written by
+    MERGE, not the streaming buffer (whose rows BigQuery cannot update for 30-90 minutes)."""
+    layout = {"table_name_template": TEMPLATE, "primary_key_fields": [KEY]}
+    block = bigquery_emulator.google_block(bq_dataset)
+    harness = make_harness({"type": "bigquery", "mode": "stream", "google": block, "data_layout": layout})
+
+    def read(table: str) -> dict[str, Any]:
+        client = bigquery_emulator.bigquery()
+        try:
+            job = client.query(f"SELECT {KEY}, user_id FROM `{bq_dataset}`.`{table}`", job_retry=None)
+            return {key: user for key, user in job.result(timeout=60)}
+        finally:
+            client.close()
+
+    run(harness, read)

@@ -12,4 +12,5 @@ CAPABILITIES = Capabilities(
     transactions=True,
     ddl_in_transactions=False,  # DDL is not allowed inside BigQuery's transactions
     add_column_if_not_exists=True,
+    users_recognition="update",
 )

@@ -440,6 +440,36 @@ class BigQueryWarehouse(SqlWarehouse):
         parameter = bigquery.ScalarQueryParameter(param, "STRING", payload)
         client.execute(self._merge(table, columns, source), doing, [parameter])
 
+    # --- users recognition ------------------------------------------------------------------------
+
+    def recognize_users(
+        self,
+        table: Table,
+        anonymous_column: str,
+        user_columns: Sequence[str],
+        pairs: Mapping[str, Sequence[Any]],
+        unset: Sequence[str] = (),
+    ) -> None:
+        """One `UPDATE ... FROM` query job from the pairs sent as one JSON parameter (as a keyed
+        stream insert sends its rows), under the table's process-wide lock (`_table_lock`). Rows
+        still in the streaming buffer (a stream without a key, the last 30-90 minutes) cannot be
+        updated: BigQuery refuses, a transient error, and recognition retries later."""
+        quote = self.dialect.quote
+        param = f"pairs_{uuid.uuid4().hex[:12]}"
+        values = [f"{self._from_text(_element(i + 1), table.columns[c])} AS u{i}" for i, c in enumerate(user_columns)]
+        select = ", ".join([f"{_element(0)} AS a", *values])
+        source = f"SELECT {select} FROM UNNEST(JSON_QUERY_ARRAY(@{param})) AS r"
+        sets = ", ".join(f"{quote(c)} = v.u{i}" for i, c in enumerate(user_columns))
+        empty = [f"t.{quote(c)} IS NULL" for c in user_columns]
+        empty += [f"COALESCE(CAST(t.{quote(c)} AS STRING), '') = ''" for c in unset]
+        where = f"CAST(t.{quote(anonymous_column)} AS STRING) = v.a AND " + " AND ".join(empty)
+        statement = f"UPDATE {self.name(table.name)} AS t SET {sets} FROM ({source}) AS v WHERE {where}"
+        payload = orjson.dumps([[a, *(_text(v) for v in row)] for a, row in pairs.items()]).decode()
+        parameter = bigquery.ScalarQueryParameter(param, "STRING", payload)
+        doing = f"recognizing {len(pairs)} users in {table.name!r}"
+        with _table_lock(self.settings.project, self.schema, table.name), self._session() as client:
+            client.execute(statement, doing, [parameter])
+
     def _from_text(self, text_sql: str, column_type: str) -> str:
         """The SQL of a value of `column_type` from SQL text `text_sql`: PARSE_JSON for JSON
         columns (as the batch load does), else CAST."""

@@ -11,6 +11,7 @@ CAPABILITIES = Capabilities(
     transactions=True,
     ddl_in_transactions=True,
     add_column_if_not_exists=False,
+    users_recognition="update",
 )
 
 S3_CAPABILITIES = replace(CAPABILITIES, stage="files")

@@ -31,6 +31,7 @@ from eventspark.destinations.redshift import s3
 from eventspark.destinations.redshift.capabilities import CAPABILITIES, S3_CAPABILITIES
 from eventspark.destinations.redshift.client import (
     MAX_PARAMETERS,
+    MAX_VARCHAR_BYTES,
     REDSHIFT_NAME_BYTES,
     RedshiftClient,
     RedshiftStageTarget,
@@ -401,6 +402,48 @@ class RedshiftWarehouse(SqlWarehouse):
             f"INSERT INTO {target} ({names}) VALUES ", len(columns), values, row_sql
         ):
             client.execute(statement, doing, params)
+
+    # --- users recognition --------------------------------------------------------------------
+
+    def recognize_users(
+        self,
+        table: Table,
+        anonymous_column: str,
+        user_columns: Sequence[str],
+        pairs: Mapping[str, Sequence[Any]],
+        unset: Sequence[str] = (),
+    ) -> None:
+        """`UPDATE ... FROM` a `UNION ALL` of one parameter row per anonymous id (Redshift takes
+        VALUES lists in INSERT only, and has no JSON table function), under the table's lock
+        (`_lock`: a stream insert waits instead of a serializable isolation violation). Past
+        MAX_PARAMETERS the pairs go in several statements of the same transaction."""
+        target = self.name(table.name).replace("%", "%%")
+
+        def column(name: str) -> str:  # `%` is the driver's placeholder mark: escaped in names
+            return f"{target}.{self.dialect.quote(name).replace('%', '%%')}"
+
+        def text(sql: str) -> str:
+            return f"CAST({sql} AS VARCHAR({MAX_VARCHAR_BYTES}))"
+
+        types = [self.dialect.data_type_of(table.columns[c]) or DataType.STRING for c in user_columns]
+        exprs = [text("%s"), *(parameter_value(table.columns[c]) for c in user_columns)]
+        names = ["a", *(f"u{i}" for i in range(len(user_columns)))]
+        head = "SELECT " + ", ".join(f"{e} AS {n}" for e, n in zip(exprs, names, strict=True))
+        row = "SELECT " + ", ".join(exprs)
+        sets = ", ".join(f"{self.dialect.quote(c).replace('%', '%%')} = v.u{i}" for i, c in enumerate(user_columns))
+        empty = [f"{column(c)} IS NULL" for c in user_columns]
+        empty += [f"COALESCE({text(column(c))}, '') = ''" for c in unset]
+        where = f"{text(column(anonymous_column))} = v.a AND " + " AND ".join(empty)
+        rows = [[a, *(stage_text(v, t) for v, t in zip(values, types, strict=True))] for a, values in pairs.items()]
+        per = max(1, MAX_PARAMETERS // len(names))
+        doing = f"recognizing {len(pairs)} users in {table.name!r}"
+        with self._session() as client, client.transaction(doing):
+            self._lock(client, table.name, doing)
+            for start in range(0, len(rows), per):
+                batch = rows[start : start + per]
+                source = " UNION ALL ".join([head] + [row] * (len(batch) - 1))
+                statement = f"UPDATE {target} SET {sets} FROM ({source}) AS v WHERE {where}"
+                client.execute(statement, doing, [v for r in batch for v in r])
 
     def _delete_keys(
         self,

@@ -14,4 +14,5 @@ CAPABILITIES = Capabilities(
     transactions=True,
     ddl_in_transactions=False,  # DDL commits the open transaction
     add_column_if_not_exists=True,
+    users_recognition="update",
 )

@@ -275,6 +275,38 @@ class SnowflakeWarehouse(SqlWarehouse):
                 names = ", ".join(quote(c) for c in columns)
                 client.execute(f"INSERT INTO {self.name(table.name)} ({names}) {source}", doing, params)
 
+    # --- users recognition --------------------------------------------------------------------
+
+    def recognize_users(
+        self,
+        table: Table,
+        anonymous_column: str,
+        user_columns: Sequence[str],
+        pairs: Mapping[str, Sequence[Any]],
+        unset: Sequence[str] = (),
+    ) -> None:
+        """`UPDATE ... FROM (SELECT ... FROM VALUES (?, ...), ...)`: one text parameter per id and
+        value, converted to the column's type as a stream insert converts them (`_typed`); past
+        16,000 parameters the pairs go in several statements of one transaction."""
+        quote, target = self.dialect.quote, self.name(table.name)
+        marks = "(" + ", ".join("?" * (1 + len(user_columns))) + ")"
+        values = [f"{_typed(f'column{i + 2}', table.columns[c])} AS u{i}" for i, c in enumerate(user_columns)]
+        select = ", ".join(["CAST(column1 AS VARCHAR) AS a", *values])
+        sets = ", ".join(f"{quote(c)} = v.u{i}" for i, c in enumerate(user_columns))
+        empty = [f"t.{quote(c)} IS NULL" for c in user_columns]
+        empty += [f"COALESCE(CAST(t.{quote(c)} AS VARCHAR), '') = ''" for c in unset]
+        where = f"CAST(t.{quote(anonymous_column)} AS VARCHAR) = v.a AND " + " AND ".join(empty)
+        rows = [[a, *(_text(v) for v in row)] for a, row in pairs.items()]
+        per = max(1, 16_000 // (1 + len(user_columns)))
+        doing = f"recognizing {len(pairs)} users in {table.name!r}"
+        with self._session() as client, client.transaction(doing):
+            assert isinstance(client, SnowflakeClient)
+            for start in range(0, len(rows), per):
+                batch = rows[start : start + per]
+                source = f"SELECT {select} FROM VALUES {', '.join([marks] * len(batch))}"
+                statement = f"UPDATE {target} AS t SET {sets} FROM ({source}) AS v WHERE {where}"
+                client.execute(statement, doing, [v for r in batch for v in r], bulk=True)
+
 
 # --- values ---------------------------------------------------------------------------------------
 
