@@ -254,7 +254,6 @@ def test_a_replayed_line_without_id_gets_the_same_one_in_stream_mode(node: Serve
     assert uuid.UUID(found[0][0]).version == 8  # derived from the line, not random
 
 
-
 HOSTILE_TIMESTAMPS: list[Any] = [
     "not a time",
     "",
