@@ -20,6 +20,7 @@ import pytest
 from eventspark.collector.app import CollectorApp
 from eventspark.config.models import Config
 from eventspark.stream.queue import queue_dir
+from tests.collector.test_app import run
 
 TOKEN = {"id": "t", "client_secret": "js", "server_secret": "s2s"}
 
@@ -65,16 +66,7 @@ def test_a_request_in_flight_when_its_stream_destination_is_removed(
         answer = await client.post("/api/v1/s2s/event?token=s2s", json={"n": 2})
         return [*codes, answer.status_code]
 
-    async def main() -> list[int]:
-        app.open()
-        try:
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://collector") as client:
-                return await scenario(client)
-        finally:
-            app.close()
-
-    assert asyncio.run(main()) == [200, 200]
+    assert run(app, scenario) == [200, 200]
     monkeypatch.undo()
     # Both events are in the destination's queue (the first one in its retired spool, which the
     # destination took up again when it came back: one writer, one lock).
@@ -106,18 +98,9 @@ def test_a_request_in_flight_when_its_token_is_removed_with_the_events_cache(tmp
         reloaded.set()
         return (await first).status_code
 
-    async def main() -> int:
-        app.open()
-        try:
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://collector") as client:
-                return await scenario(client)
-        finally:
-            app.close()
-
     # The request was authenticated before the reload: its events are kept (the log of a token
     # no destination takes any more is held in incoming/ by the batch pass), and it gets its 200.
-    assert asyncio.run(main()) == 200
+    assert run(app, scenario) == 200
     events = [
         orjson.loads(line)
         for p in (tmp_path / "events" / "incoming").glob("*.log")

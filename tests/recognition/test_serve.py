@@ -74,6 +74,21 @@ def pg_reader(schema: str, prefix: str) -> Callable[[], dict[str, dict[str, Any]
     return read
 
 
+def identify_in_two_passes(server: Server, schema: str) -> Server:
+    """Anonymous events, a pass, the identification, a pass: the batch (`b_`) and stream (`s_`)
+    tables of `schema` end as EXPECTED, nothing failed, no traceback; returns the stopped server."""
+    send(server, ANONYMOUS)
+    batch_pass(server)
+    send(server, IDENTIFY)
+    batch_pass(server)
+    assert pg_reader(schema, "b_")() == EXPECTED
+    assert wait_for(pg_reader(schema, "s_"), EXPECTED) == EXPECTED
+    assert not (server.events_dir / "failed").exists() or not any((server.events_dir / "failed").iterdir())
+    server.stop()
+    assert "Traceback" not in server.text(), server.text()[-3000:]
+    return server
+
+
 def test_postgres_batch_and_stream(run_server: Any, pg_datasource: dict[str, Any], pg_schema: str) -> None:
     destinations = {
         "pgb": {
@@ -88,16 +103,7 @@ def test_postgres_batch_and_stream(run_server: Any, pg_datasource: dict[str, Any
             "data_layout": {"table_name_template": "s_{{.event_type}}", "primary_key_fields": [KEY]},
         },
     }
-    server = run_server(serve_config(destinations))
-    send(server, ANONYMOUS)
-    batch_pass(server)
-    send(server, IDENTIFY)
-    batch_pass(server)
-    assert pg_reader(pg_schema, "b_")() == EXPECTED
-    assert wait_for(pg_reader(pg_schema, "s_"), EXPECTED) == EXPECTED
-    assert not (server.events_dir / "failed").exists() or not any((server.events_dir / "failed").iterdir())
-    server.stop()
-    assert "Traceback" not in server.text(), server.text()[-3000:]
+    server = identify_in_two_passes(run_server(serve_config(destinations)), pg_schema)
     assert "users recognition of pgb: 2 update(s), 1 id(s) settled, 0 pending" in server.text()
 
 
@@ -178,13 +184,4 @@ def test_redshift_batch_and_stream(run_server: Any, pg_datasource: dict[str, Any
             "data_layout": {"table_name_template": "s_{{.event_type}}"},
         },
     }
-    server = run_server(serve_config(destinations))
-    send(server, ANONYMOUS)
-    batch_pass(server)
-    send(server, IDENTIFY)
-    batch_pass(server)
-    assert pg_reader(pg_schema, "b_")() == EXPECTED
-    assert wait_for(pg_reader(pg_schema, "s_"), EXPECTED) == EXPECTED
-    assert not (server.events_dir / "failed").exists() or not any((server.events_dir / "failed").iterdir())
-    server.stop()
-    assert "Traceback" not in server.text(), server.text()[-3000:]
+    identify_in_two_passes(run_server(serve_config(destinations)), pg_schema)

@@ -42,7 +42,7 @@ def parse_events(body: bytes) -> list[dict[str, Any]]:
     except orjson.JSONDecodeError as exc:
         raise parse_failed(str(exc)) from None
     if not _surely_within_limits(body):
-        _walk_limits(value)
+        walk_limits(value)
     if value.__class__ is dict and "events" not in value:  # the usual single event
         return [value]
     return events_of(value)
@@ -51,15 +51,16 @@ def parse_events(body: bytes) -> list[dict[str, Any]]:
 def check_limits(body: bytes, value: Any) -> None:
     """400 when `value` nests deeper than MAX_DEPTH or has more than MAX_LEAVES leaves."""
     if not _surely_within_limits(body):
-        _walk_limits(value)
+        walk_limits(value)
 
 
-def _walk_limits(value: Any) -> None:
+def walk_limits(value: Any, where: str = "") -> None:
+    """400 (the message starting with `where`, e.g. "message 3: ") past MAX_DEPTH or MAX_LEAVES."""
     depth, leaves = measure(value, MAX_DEPTH + 1, MAX_LEAVES + 1)
     if depth > MAX_DEPTH:
-        raise parse_failed(f"JSON nesting is deeper than {MAX_DEPTH} levels")
+        raise parse_failed(f"{where}JSON nesting is deeper than {MAX_DEPTH} levels")
     if leaves > MAX_LEAVES:
-        raise parse_failed(f"JSON has more than {MAX_LEAVES} leaf values")
+        raise parse_failed(f"{where}JSON has more than {MAX_LEAVES} leaf values")
 
 
 def _surely_within_limits(body: bytes) -> bool:

@@ -161,9 +161,9 @@ class Collector:
             if raw is None:
                 continue
             try:  # validated by the serving process already: this should not fail
-                loaded = await asyncio.to_thread(build_loaded, raw, False)
+                loaded = await asyncio.to_thread(build_loaded, raw, False, None, True)
                 self.reconfigure(loaded.config)
-            except Exception:  # e.g. no process for a transform's check, a queue directory not made
+            except Exception:  # e.g. a queue directory not made
                 logger.exception("cannot use the reloaded config; keeping the current one, trying again")
                 watch.retry()
                 await asyncio.sleep(SOURCES_RETRY_SEC)  # not a traceback a second

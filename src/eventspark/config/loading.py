@@ -46,15 +46,20 @@ def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -
     return build_loaded(raw, embedded=path is None, sources=sources)
 
 
-def build_loaded(raw: Any, embedded: bool, sources: dict[str, ConfigSource] | None = None) -> LoadedConfig:
-    """Validation, checks and defaults of a parsed document (at start, and at each reload of its sources)."""
+def build_loaded(
+    raw: Any, embedded: bool, sources: dict[str, ConfigSource] | None = None, checked: bool = False
+) -> LoadedConfig:
+    """Validation, checks and defaults of a parsed document (at start, and at each reload of its sources).
+    `checked`: the serving process checked this document already (a collector worker following its
+    reloads), so the step checks, which compile every template and JS transform, are not run again."""
     config = validate_config(raw)
     check_unimplemented(config)
     check_object_locations(config)
     loaded = LoadedConfig(config=config, warnings=[*unknown_keys(config), *keys_without_effect(config)])
     loaded.raw, loaded.sources = raw, sources or {}
     apply_defaults(loaded, embedded=embedded)
-    check_steps(config)
+    if not checked:
+        check_steps(config)
     return loaded
 
 

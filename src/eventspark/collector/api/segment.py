@@ -17,8 +17,8 @@ from typing import Any
 import orjson
 
 from eventspark.collector.api.common import OK_RESPONSE, Handler, Routes
-from eventspark.collector.auth import TOKEN_NOT_FOUND, Token, basic_auth_user, request_token
-from eventspark.collector.body import MAX_DEPTH, MAX_LEAVES, measure, parse_failed
+from eventspark.collector.auth import TOKEN_NOT_FOUND, Token, request_token
+from eventspark.collector.body import parse_failed, walk_limits
 from eventspark.collector.core import Collector
 from eventspark.collector.http import HTTPError, Request, Response, read_body
 from eventspark.collector.multiplex import Route
@@ -56,7 +56,7 @@ def segment_endpoint(compat: bool) -> Handler:
 
 async def segment_events(app: Collector, request: Request, compat: bool) -> Response:
     """POST: a Segment batch or message, server secret (write key)."""
-    secret = request_token(request) or basic_auth_user(request)
+    secret = request_token(request)  # query, headers, then the basic auth user (Segment's libraries)
     known = _authorize(app, secret) if secret else None
     try:
         body = await _body(request, *_body_limit(app, authenticated=known is not None))
@@ -148,16 +148,8 @@ def parse_segment_body(body: bytes, compat: bool) -> tuple[list[dict[str, Any]],
         if messages.__class__ is not list or any(m.__class__ is not dict for m in messages):
             raise parse_failed(MALFORMED_BATCH)
     for number, message in enumerate(messages, 1):
-        _check_limits(message, number)
+        walk_limits(message, f"message {number}: ")
     return map_messages(messages, compat), write_key
-
-
-def _check_limits(message: dict[str, Any], number: int) -> None:
-    depth, leaves = measure(message, MAX_DEPTH + 1, MAX_LEAVES + 1)
-    if depth > MAX_DEPTH:
-        raise parse_failed(f"message {number}: JSON nesting is deeper than {MAX_DEPTH} levels")
-    if leaves > MAX_LEAVES:
-        raise parse_failed(f"message {number}: JSON has more than {MAX_LEAVES} leaf values")
 
 
 def _kind(value: Any) -> str:
