@@ -144,6 +144,20 @@ class DestinationStream(Section):
     )
 
 
+class RetrySection(Section):
+    """How transient errors are retried (`eventspark.retry`): exponential back-off from `base_sec`,
+    doubled per failed attempt up to `max_sec`; past `max_age_hours` since the first failure the
+    events go to `events/failed` with the last error. Unset fields: the global `retry:` section,
+    then the mode's default (batch: 60 s up to an hour; stream: `stream.retry_min_sec` up to
+    `stream.retry_max_sec`; both: 72 hours)."""
+
+    base_sec: float | None = Field(default=None, gt=0, description="first wait after a failed attempt")
+    max_sec: float | None = Field(default=None, gt=0, description="longest wait between two attempts")
+    max_age_hours: float | None = Field(
+        default=None, gt=0, description="after this long failing, the events go to events/failed"
+    )
+
+
 class DestinationBase(Section):
     """What every destination type has; each package's `configuration.py` adds its own block."""
 
@@ -161,3 +175,4 @@ class DestinationBase(Section):
     transform_timeout_ms: int = Field(default=1000, ge=1, le=60_000, description="CPU time per event, ms")
     transform_memory_mb: int = Field(default=64, ge=8, le=4096, description="memory of the transform's JS engine")
     stream: DestinationStream = Field(default_factory=DestinationStream)
+    retry: RetrySection = Field(default_factory=RetrySection)

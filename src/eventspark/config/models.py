@@ -20,6 +20,7 @@ from eventspark.config.base import (
     EnrichmentRule,
     MappingField,
     Mappings,
+    RetrySection,
     Section,
     UsersRecognition,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "MappingField",
     "Mappings",
     "RedisConfig",
+    "RetrySection",
     "ServerConfig",
     "SparkConfig",
     "StreamConfig",
@@ -152,6 +154,18 @@ class LogConfig(Section):
     path: str = "./events"
     rotation_min: float = Field(default=5, gt=0)
     uploader_period_sec: float = Field(default=60, gt=0)
+    archive_retention_days: float | None = Field(
+        default=None, gt=0, description="archive/ files older than this are removed (unset: kept)"
+    )
+    archive_max_gb: float | None = Field(
+        default=None, gt=0, description="archive/ is cut to this size, oldest first (unset: no cap)"
+    )
+    failed_retention_days: float | None = Field(
+        default=None, gt=0, description="failed/ files untouched for this long are removed (unset: kept)"
+    )
+    failed_max_gb: float | None = Field(
+        default=None, gt=0, description="failed/ is cut to this size, oldest first (unset: no cap)"
+    )
 
 
 class GeoConfig(Section):
@@ -298,6 +312,7 @@ class Config(Section):
     users_recognition: UsersRecognition = Field(default_factory=UsersRecognition)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
+    retry: RetrySection = Field(default_factory=RetrySection)
     sql_debug_log: SqlDebugLogConfig = Field(default_factory=SqlDebugLogConfig)
 
     @model_validator(mode="before")

@@ -1,0 +1,73 @@
+"""The retry policy of a destination: exponential back-off with a cap and a maximum age.
+
+One policy for batch and stream (`retry:` globally, `destinations.<id>.retry` per destination;
+docs/reliability.md). A transient error (the warehouse down, a connection cut, a 5xx) is retried
+after `base_sec`, then twice as long after each failed attempt, never more than `max_sec` apart.
+Once the first failure is older than `max_age_hours`, the events go to `events/failed` with the
+last error, once; a replay brings them back.
+
+Batch: the attempts of each (rotated log, destination, table) live in the log's status file
+(`logs.status.PairStatus`), so the policy holds across passes and restarts. Stream: the worker
+counts the attempts of the micro-batch it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DAY_HOURS = 24.0
+DEFAULT_MAX_AGE_HOURS = 3 * DAY_HOURS
+"""A long weekend of outage is retried; past it, the events wait in `failed/` for a replay."""
+BATCH_BASE_SEC = 60.0
+BATCH_MAX_SEC = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    base_sec: float
+    max_sec: float
+    max_age_sec: float
+
+    def delay(self, attempts: int) -> float:
+        """The wait after the `attempts`-th failed attempt (1: `base_sec`)."""
+        if attempts <= 1:
+            return min(self.base_sec, self.max_sec)
+        # 2 ** 60 already exceeds any cap; bounding the exponent keeps the float finite.
+        return min(self.base_sec * 2.0 ** min(attempts - 1, 60), self.max_sec)
+
+    def next_attempt(self, attempts: int, last_attempt: float) -> float:
+        """When the next attempt is due (epoch seconds) after `attempts` failures, the last at `last_attempt`."""
+        return last_attempt + self.delay(attempts)
+
+    def expired(self, first_failure: float, now: float) -> bool:
+        """True once the events have failed for longer than the maximum age."""
+        return now - first_failure >= self.max_age_sec
+
+    def to_json(self) -> dict[str, float]:
+        return {"base_sec": self.base_sec, "max_sec": self.max_sec, "max_age_hours": self.max_age_sec / 3600}
+
+
+def retry_policy(config: Any, dest: Any) -> RetryPolicy:
+    """The policy of destination `dest` (a `DestinationBase`) under `config`: its own `retry:`
+    fields, else the global `retry:` section's, else its mode's defaults."""
+    own = getattr(dest, "retry", None)
+    shared = getattr(config, "retry", None)
+
+    def pick(name: str, default: float) -> float:
+        for section in (own, shared):
+            value = getattr(section, name, None) if section is not None else None
+            if value is not None:
+                return float(value)
+        return default
+
+    if getattr(dest, "mode", "batch") == "stream":
+        stream = getattr(config, "stream", None)
+        base_default = float(getattr(stream, "retry_min_sec", 0.5))
+        max_default = float(getattr(stream, "retry_max_sec", 60.0))
+    else:
+        base_default, max_default = BATCH_BASE_SEC, BATCH_MAX_SEC
+    base = pick("base_sec", base_default)
+    return RetryPolicy(
+        base, max(base, pick("max_sec", max_default)), pick("max_age_hours", DEFAULT_MAX_AGE_HOURS) * 3600
+    )
