@@ -16,15 +16,19 @@ from eventspark.steps.diff import table_from_header
 from eventspark.steps.flatten import flatten
 from eventspark.steps.mapping import Mapper
 from eventspark.steps.typing import BatchHeader, header_for
+from tests.shared_data import eventnative_data
 
 PROTO_DIR = Path(__file__).resolve().parents[1] / "proto"
-TESTDATA = Path(__file__).resolve().parents[2] / "shared" / "testdata" / "eventnative"
+TESTDATA = eventnative_data()
 
 
 @pytest.fixture(scope="module")
 def pb(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    grpc_tools = pytest.importorskip("grpc_tools")
-    from grpc_tools import protoc
+    try:  # a dev dependency (pyproject.toml): missing means a broken install, not a test to skip
+        import grpc_tools
+        from grpc_tools import protoc
+    except ImportError as exc:
+        pytest.fail(f"grpcio-tools, a dev dependency, is not installed ({exc}): pip install -e '.[dev]'")
 
     out = tmp_path_factory.mktemp("pb")
     well_known = Path(grpc_tools.__file__).parent / "_proto"

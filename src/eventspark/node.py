@@ -2,7 +2,9 @@
 
 - the heartbeat that lists this node (`server.name`) in the coordination store;
 - the batch uploader: one Spark job over the rotated logs every `log.uploader_period_sec`;
-- one stream worker per stream destination.
+- one stream worker per stream destination;
+- the retention of `archive/` and `failed/` (`logs.retention`): at start, every few minutes and
+  after each batch pass.
 
 They start in the serving process after any collector worker processes are forked (a fork must
 not copy running threads or a JVM), and stop after the collector has flushed and rotated.
@@ -20,6 +22,7 @@ from eventspark.config.sources import Reloader
 from eventspark.coordination import Coordination, CoordinationError, build_coordination
 from eventspark.coordination.base import DEFAULT_HEARTBEAT_TTL
 from eventspark.destinations.sql import debug_log
+from eventspark.logs.retention import Retention
 from eventspark.ops.cache import events_cache_for, token_ids
 from eventspark.ops.metrics import PipelineMetrics, Snapshots, pipeline_metrics, process_snapshots
 
@@ -46,6 +49,7 @@ class NodeServices:
         modes = {dest.mode for dest in config.destinations.values()}
         self.uploader = Uploader(loaded, self.coordination) if "batch" in modes else None
         self.stream = StreamWorkers(loaded, coordination=self.coordination) if "stream" in modes else None
+        self.retention = Retention(config.log)
         self.heartbeat_period = heartbeat_period or heartbeat_period_of(config.coordination)
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -70,6 +74,7 @@ class NodeServices:
             self.stream.start()
         if self.uploader is not None:
             self.uploader.start()
+        self.retention.start()
         if self.reloader is not None:
             self.reloader.start()
 
@@ -104,6 +109,7 @@ class NodeServices:
             self.stream.stop()
         if self.uploader is not None:
             self.uploader.stop()
+        self.retention.stop()
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
         if self.snapshots is not None and self.pipeline is not None:

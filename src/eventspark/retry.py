@@ -71,3 +71,9 @@ def retry_policy(config: Any, dest: Any) -> RetryPolicy:
     return RetryPolicy(
         base, max(base, pick("max_sec", max_default)), pick("max_age_hours", DEFAULT_MAX_AGE_HOURS) * 3600
     )
+
+
+def give_up_reason(attempts: int, first_failed: float, now: float, last_error: str) -> str:
+    """The reason written with each event of a pair that gave up (`events/failed`)."""
+    hours = max(0.0, now - first_failed) / 3600
+    return f"gave up after {attempts} attempt{'s' if attempts != 1 else ''} in {hours:.2f} h: {last_error}"

@@ -17,10 +17,9 @@ import yaml
 from eventspark.config import LoadedConfig, load_config
 from eventspark.logs.incoming import rotated_log_name
 from tests.conftest import pg_conninfo
+from tests.shared_data import eventnative_data
 
-FIXTURE_LOG = (
-    Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative" / "fact_input_with_error_lines_1.0.log"
-)
+FIXTURE_LOG = eventnative_data() / "fact_input_with_error_lines_1.0.log"
 MONTHLY = '{{.event_type}}_{{._timestamp.Format "2006_01"}}'
 SKIPPING = '{{if eq .event_type "skipped"}}{{else}}' + MONTHLY + "{{end}}"
 # The same master and conf as the shared `spark` fixture, so get_session reuses that session.
@@ -34,6 +33,9 @@ TOKENS = [
 def make_config(root: Path, destinations: dict[str, Any], **extra: Any) -> LoadedConfig:
     """Writes a YAML config under `root` (events in `root/events`) and loads it like the CLI does."""
     raw = {"api_keys": TOKENS, "log": {"path": str(root / "events")}, "destinations": destinations, "spark": SPARK}
+    # Tests run passes back to back: a failed pair is retried by the next pass, not after the
+    # retry policy's minute (tests/batch/test_retry.py sets policies of its own).
+    raw["retry"] = {"base_sec": 0.001}
     raw.update(extra)
     path = root / "eventspark.yaml"
     path.write_text(yaml.safe_dump(raw))

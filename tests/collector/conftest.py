@@ -18,9 +18,10 @@ import orjson
 import pytest
 
 from eventspark.stream.segments import MAGIC, parse_records
+from tests.shared_data import eventnative_data
 
 EVENTSPARK = Path(sys.executable).parent / "eventspark"
-TESTDATA = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
+TESTDATA = eventnative_data()
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ START_TIMEOUT_SECONDS = 20
 
 
 class EtcdNotInstallable(Exception):
-    """etcd is missing and could not be installed here (the etcd tests are skipped)."""
+    """etcd is missing and could not be installed here (the etcd tests fail with the reason)."""
 
 
 def install_etcd() -> None:

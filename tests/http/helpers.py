@@ -12,8 +12,9 @@ from pydantic import TypeAdapter
 from eventspark.config.models import Destination
 from eventspark.destinations import build_destination
 from eventspark.destinations.http.sink import HttpSink
+from tests.shared_data import eventnative_data
 
-VECTORS = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
+VECTORS = eventnative_data()
 FAST = {"timeout_sec": 2, "retries": 2, "retry_min_sec": 0.05, "retry_max_sec": 0.2}
 """Block keys that keep the tests quick."""
 

@@ -1,5 +1,4 @@
 import pickle
-from pathlib import Path
 
 import orjson
 
@@ -7,8 +6,9 @@ from eventspark.destinations.duckdb.configuration import DuckDBDestination
 from eventspark.steps.chain import DestinationChain, Failure, HeaderBuilder, Row
 from eventspark.steps.lookup import UserAgentParser
 from eventspark.steps.typing import DataType
+from tests.shared_data import eventnative_data
 
-TESTDATA = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
+TESTDATA = eventnative_data()
 
 
 def chain_for(layout: dict, enrichment: list | None = None) -> DestinationChain:

@@ -2,7 +2,6 @@ import json
 import os
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,9 +14,10 @@ from eventspark.steps.context import (
     new_event_id,
     utc_timestamp,
 )
+from tests.shared_data import eventnative_data
 from tests.vectors import with_hashed_id
 
-VECTORS = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
+VECTORS = eventnative_data()
 NOW = datetime(2020, 6, 16, 23, 0, 0, tzinfo=UTC)
 JS = {"token": "c2stoken", "server_side": False}
 S2S = {"token": "s2stoken", "server_side": True}

@@ -1,6 +1,5 @@
 import json
 import re
-from pathlib import Path
 
 import orjson
 import pytest
@@ -16,8 +15,9 @@ from eventspark.steps.flatten import (
     flatten_with_losses,
     sanitize_name,
 )
+from tests.shared_data import eventnative_data
 
-TESTDATA = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
+TESTDATA = eventnative_data()
 SAFE_NAME = re.compile(r"[a-z0-9_]{1,63}")
 
 keys = st.one_of(

@@ -11,8 +11,9 @@ import pytest
 
 from eventspark.steps import lookup
 from eventspark.steps.lookup import GeoResolver, LookupEnricher, UserAgentParser
+from tests.shared_data import eventnative_data
 
-VECTORS = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
+VECTORS = eventnative_data()
 MAC_CHROME = (
     "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_5) AppleWebKit/537.36 (KHTML, like Gecko) "
     "Chrome/83.0.4103.116 Safari/537.36"

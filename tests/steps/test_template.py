@@ -5,7 +5,6 @@ from __future__ import annotations
 import pickle
 import unicodedata
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -22,10 +21,9 @@ from eventspark.steps.template import (
     clean_table_name,
     compile_template,
 )
+from tests.shared_data import eventnative_data
 
-FIXTURE = (
-    Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative" / "fact_input_with_error_lines_1.0.log"
-)
+FIXTURE = eventnative_data() / "fact_input_with_error_lines_1.0.log"
 COMMON = '{{.event_type}}_{{._timestamp.Format "2006_01"}}'
 
 EVENT: dict[str, Any] = {

@@ -1,6 +1,5 @@
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -22,8 +21,9 @@ from eventspark.steps.typing import (
     parse_timestamp,
     promote,
 )
+from tests.shared_data import eventnative_data
 
-TESTDATA = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "eventnative"
+TESTDATA = eventnative_data()
 
 types = st.sampled_from(list(DataType))
 aware_datetimes = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC))

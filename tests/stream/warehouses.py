@@ -49,23 +49,23 @@ def serve_config(destinations: dict[str, Any]) -> dict[str, Any]:
     return {"api_keys": TOKENS, "log": {"rotation_min": 60}, "destinations": destinations, "stream": STREAM_SETTINGS}
 
 
-def clickhouse_stream(server: ClickHouseServer, db: str) -> dict[str, Any]:
+def clickhouse_stream(server: ClickHouseServer, db: str, table: str = TABLE) -> dict[str, Any]:
     """A stream destination with the default table layout (ReplacingMergeTree ordered by the event id)."""
     return {
         "type": "clickhouse",
         "mode": "stream",
         "clickhouse": {"dsns": [f"{server.url}/{db}"], "db": db},
-        "data_layout": {"table_name_template": TABLE},
+        "data_layout": {"table_name_template": table},
     }
 
 
-def mysql_stream(port: int, db: str) -> dict[str, Any]:
+def mysql_stream(port: int, db: str, table: str = TABLE) -> dict[str, Any]:
     """A stream destination upserting on the event id: a redelivered batch is loaded once."""
     return {
         "type": "mysql",
         "mode": "stream",
         "datasource": {"host": "127.0.0.1", "port": port, "db": db, "username": "root"},
-        "data_layout": {"table_name_template": TABLE, "primary_key_fields": [KEY]},
+        "data_layout": {"table_name_template": table, "primary_key_fields": [KEY]},
     }
 
 
@@ -78,6 +78,7 @@ class ClickHouseTable:
 
     server: ClickHouseServer
     db: str
+    table: str = TABLE
 
     def _select(self, sql: str) -> list[list[str]] | None:
         """TSV rows of `sql`; None when the table does not exist yet (code 60) or the server is down."""
@@ -91,19 +92,22 @@ class ClickHouseTable:
             raise AssertionError(f"ClickHouse refused {sql!r}: {response.text}")
         return [line.split("\t") for line in response.text.splitlines()]
 
-    def counts(self) -> tuple[int, int]:
-        """(rows, distinct event ids) as queries see them after duplicates collapse (FINAL)."""
-        rows = self._select(f"SELECT count(), uniqExact({KEY}) FROM `{self.db}`.`{TABLE}` FINAL")
+    def counts(self, final: bool = True) -> tuple[int, int]:
+        """(rows, distinct event ids) as queries see them after duplicates collapse (FINAL); with
+        `final` False, the rows stored, duplicates not merged yet included."""
+        rows = self._select(
+            f"SELECT count(), uniqExact({KEY}) FROM `{self.db}`.`{self.table}`" + (" FINAL" if final else "")
+        )
         return (0, 0) if rows is None else (int(rows[0][0]), int(rows[0][1]))
 
     def ids_and_numbers(self) -> dict[str, int]:
         """Event id -> n of every row (FINAL); empty before the table exists."""
-        rows = self._select(f"SELECT {KEY}, n FROM `{self.db}`.`{TABLE}` FINAL")
+        rows = self._select(f"SELECT {KEY}, n FROM `{self.db}`.`{self.table}` FINAL")
         return {key: int(n) for key, n in rows or ()}
 
     def values_of(self, column: str, n: int) -> list[str]:
         """The `column` of each row of event n, as text."""
-        rows = self._select(f"SELECT toString(`{column}`) FROM `{self.db}`.`{TABLE}` WHERE n = {n}")
+        rows = self._select(f"SELECT toString(`{column}`) FROM `{self.db}`.`{self.table}` WHERE n = {n}")
         return [row[0] for row in rows or ()]
 
 
@@ -113,6 +117,7 @@ class MySQLTable:
 
     port: int
     db: str
+    table: str = TABLE
 
     def _select(self, sql: str) -> list[tuple[Any, ...]] | None:
         try:
@@ -133,17 +138,17 @@ class MySQLTable:
             conn.close()
 
     def counts(self) -> tuple[int, int]:
-        rows = self._select(f"SELECT count(*), count(DISTINCT {KEY}) FROM `{TABLE}`")
+        rows = self._select(f"SELECT count(*), count(DISTINCT {KEY}) FROM `{self.table}`")
         return (0, 0) if rows is None else (int(rows[0][0]), int(rows[0][1]))
 
     def ids_and_numbers(self) -> dict[str, int]:
         """Event id -> n of every row; empty before the table exists."""
-        rows = self._select(f"SELECT {KEY}, n FROM `{TABLE}`")
+        rows = self._select(f"SELECT {KEY}, n FROM `{self.table}`")
         return {key: int(n) for key, n in rows or ()}
 
     def values_of(self, column: str, n: int) -> list[str]:
         """The `column` of each row of event n, as text."""
-        rows = self._select(f"SELECT CAST(`{column}` AS CHAR) FROM `{TABLE}` WHERE n = {n}")
+        rows = self._select(f"SELECT CAST(`{column}` AS CHAR) FROM `{self.table}` WHERE n = {n}")
         return [row[0] for row in rows or ()]
 
 

@@ -7,10 +7,13 @@ Driver steps, in order:
 3. run the job: executors multiplex lines to destinations, run the step chain, stage rows and
    spool failed events; the driver collects only counts, chunk references and BatchHeaders;
 4. per destination/table pair: merge the headers, patch the table and commit the chunks
-   (`batch.load`); a pair that fails is recorded FAILED and retried on the next pass;
-5. append the failed events of settled pairs to `failed/` (those of a table pair are parked before
-   its commit and appended right after it: see `logs.failed`), write the status files, archive
-   the logs whose every pair is uploaded.
+   (`batch.load`); a pair that fails is recorded FAILED with its attempts, and retried by the first
+   pass after its back-off (`eventspark.retry`; before it, that pair of the log is not read, and a
+   log with nothing due is not read at all); past the policy's maximum age its events go to
+   `failed/` with the reason instead (the pair *gave up*);
+5. append the failed events of settled pairs to `failed/`, each line exactly once across crashes
+   (parked before the commits, appended under a journal: see `logs.failed`), write the status
+   files, archive the logs whose every pair is settled.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import logging
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +38,15 @@ from eventspark.coordination import Coordination
 from eventspark.destinations import build_destination
 from eventspark.destinations.base import DestinationAdapter, DestinationError, StagedChunk, new_job_id
 from eventspark.logs.archive import archive_log
-from eventspark.logs.failed import ParkedSpools, append_spools, park_spools, parked_spools, settle_parked
+from eventspark.logs.failed import (
+    ParkedSpools,
+    append_groups,
+    finish_appends,
+    park_spools,
+    parked_spools,
+    recover_journal,
+    settle_recovered,
+)
 from eventspark.logs.replay import replay_destination
 from eventspark.logs.rotated import rotated_token
 from eventspark.logs.status import (
@@ -43,6 +54,7 @@ from eventspark.logs.status import (
     PairStatus,
     all_uploaded,
     merge_status,
+    processed,
     read_status,
     write_status,
 )
@@ -50,6 +62,7 @@ from eventspark.logs.status import status_path as _status_path
 from eventspark.ops.cache_results import settle_samples
 from eventspark.recognition.service import Recognizer, recognition_of
 from eventspark.recognition.state import done_sightings, keep_sightings
+from eventspark.retry import RetryPolicy, give_up_reason, retry_policy
 from eventspark.steps.diff import UnmappedRule
 from eventspark.steps.recognition import Sightings
 from eventspark.steps.typing import BatchHeader
@@ -81,6 +94,10 @@ class JobResult:
     """Rotated logs left in incoming/ untouched (also in `kept`): log name → why (`_hold_unroutable`)."""
     samples: list[dict[str, Any]] = field(default_factory=list)
     """A sample of the pass's events with their outcome, for the events cache (`ops.cache_results`)."""
+    waiting: list[Path] = field(default_factory=list)
+    """Rotated logs not read this pass (also in `kept`): none of their failed pairs is due yet."""
+    gave_up: dict[str, int] = field(default_factory=dict)
+    """Destination id → events sent to `failed/` because their pair gave up (the retry policy)."""
 
     @property
     def ok(self) -> bool:
@@ -91,6 +108,31 @@ class JobResult:
         if found is None:
             found = self.pairs[dest_id, table] = PairSummary(dest_id, table)
         return found
+
+
+@dataclass(slots=True)
+class _Schedule:
+    """What a pass does with each (log, destination) it routes to, from the status files and the
+    retry policy (`BatchJob._schedule`); keys are (log name, destination id)."""
+
+    now: float
+    work: set[tuple[str, str]] = field(default_factory=set)
+    """Read this pass: a destination not processed yet, or some failed pair due or given up."""
+    waiting: dict[tuple[str, str], set[str]] = field(default_factory=lambda: defaultdict(set))
+    """Failed tables not due yet: not loaded this pass (like uploaded ones)."""
+    give_up: dict[tuple[str, str], dict[str, str]] = field(default_factory=lambda: defaultdict(dict))
+    """Table → reason, for the table pairs past the maximum age."""
+    whole: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    """The destination could not be reached for the log for longer than the maximum age: if this
+    pass cannot reach it either, every failed table ('': any other) gives up, with these reasons."""
+    unreached: set[tuple[str, str]] = field(default_factory=set)
+    """Read for a destination this pass could not reach: recorded as its '' pair, skipped."""
+    optional: set[tuple[str, str]] = field(default_factory=set)
+    """Destinations the log's token does not route to and no pass processed for it yet: events
+    with another token's `api_key` may still go there. Processed when the log is read anyway."""
+
+    def wanted(self, dest_id: str) -> list[str]:
+        return sorted(name for name, d in self.work if d == dest_id)
 
 
 @dataclass(slots=True)
@@ -114,16 +156,20 @@ class BatchJob:
         coordination: Coordination,
         fault: Fault | None = None,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = loaded.config
         self.coordination = coordination
         self.fault = fault
         self.chunk_rows = chunk_rows
+        self.clock = clock
+        """Epoch seconds: the retry policy's time (tests move it instead of sleeping)."""
         self.events_dir = Path(self.config.log.path)
         self._staged: set[str] = set()
 
     def run(self, session: Any, logs: list[Path]) -> JobResult:
         result = JobResult()
+        self._recover_failed()
         logs = self._drop_empty(logs, result)
         # Replay logs (`logs.replay`) load into one destination each: a job of their own.
         groups: dict[str | None, list[Path]] = defaultdict(list)
@@ -184,16 +230,23 @@ class BatchJob:
         only: str | None = None,
     ) -> JobResult:
         statuses = {p.name: read_status(p) for p in logs}
-        # Destinations a log's status file has not seen: their template failures are written this
-        # pass (decided before load markers repair the statuses after a crash).
-        seen = {(name, dest_id) for name, status in statuses.items() for dest_id in status}
+        schedule = self._schedule(logs, statuses, only)
+        logs = self._idle(logs, statuses, schedule, result)
+        if not logs:
+            return result
+        # Destinations a log's status file has not seen processed: their template failures are
+        # written this pass (decided before load markers repair the statuses after a crash).
+        seen = {(name, d) for name, status in statuses.items() for d in status if processed(status, d)}
         dest_errors: dict[str, str] = {}
-        plan = self._plan(job_id, logs, statuses, adapters, dest_errors, only)
+        plan = self._plan(job_id, logs, statuses, schedule, adapters, dest_errors, only)
+        fresh = {(name, d) for name in plan.file_tokens for d in plan.destinations if (name, d) not in plan.skip}
+        fresh -= seen
         started = time.monotonic()
         collected = self._execute(session, logs, plan) if plan.destinations else _Collected()
         executed = time.monotonic()
         # Users recognition's ids outlive a crash between the commits and its run (`recognition.state`).
         keep_sightings(self.events_dir, collected.sightings, set(plan.recognition))
+        parked = self._park_failed(collected, fresh)
         outcomes = self._load(collected, adapters, result)
         self._recognize(collected, adapters)
         result.samples += settle_samples(collected.samples, outcomes)
@@ -206,7 +259,7 @@ class BatchJob:
         )
         if self.fault is not None:
             self.fault("committed")
-        self._settle(logs, statuses, seen, plan, collected, outcomes, dest_errors, result)
+        self._settle(logs, statuses, schedule, fresh, plan, collected, outcomes, dest_errors, parked, result)
         return result
 
     def _recognize(self, collected: _Collected, adapters: dict[str, DestinationAdapter]) -> None:
@@ -241,11 +294,77 @@ class BatchJob:
                 kept.append(path)
         return kept
 
+    # --- the retry policy ---------------------------------------------------------------------
+
+    def _schedule(self, logs: list[Path], statuses: dict[str, LogStatus], only: str | None) -> _Schedule:
+        """Which (log, destination) pairs this pass reads, waits for, or gives up (`_Schedule`)."""
+        schedule = _Schedule(self.clock())
+        batch = {d: dest for d, dest in self.config.destinations.items() if dest.mode == "batch"}
+        _secrets, token_destinations, default = token_routes(self.config.api_keys, batch)
+        for path in logs:
+            name = path.name
+            routed = (only,) if only is not None else token_destinations.get(rotated_token(name) or "", default)
+            for dest_id in routed if only is not None else batch:
+                tables = statuses[name].get(dest_id)
+                if tables is None and dest_id not in routed:
+                    schedule.optional.add((name, dest_id))
+                else:
+                    _schedule_pair(schedule, (name, dest_id), tables, retry_policy(self.config, batch[dest_id]))
+        return schedule
+
+    def _idle(
+        self, logs: list[Path], statuses: dict[str, LogStatus], schedule: _Schedule, result: JobResult
+    ) -> list[Path]:
+        """The logs this pass reads. The others wait for their next retry, untouched, or go to the
+        archive when every pair is settled already (a crash between the status and the archive)."""
+        active = {name for name, _dest_id in schedule.work}
+        schedule.work.update(key for key in schedule.optional if key[0] in active)
+        read = []
+        for path in logs:
+            status = statuses[path.name]
+            if path.name in active:
+                read.append(path)
+            elif status and all_uploaded(status):
+                result.archived.append(archive_log(path, self.events_dir / "archive"))
+            else:
+                result.kept.append(path)
+                result.waiting.append(path)
+        return read
+
+    def _recover_failed(self) -> None:
+        """What a pass cut short may have appended to the failed logs is undone (`logs.failed`)
+        before this pass appends anything; its parked groups that the status files show settled are
+        appended (the others wait for a pass that reads their destination's load markers)."""
+        failed_dir = self.events_dir / "failed"
+        batch = [dest_id for dest_id, dest in self.config.destinations.items() if dest.mode == "batch"]
+        for dest_id in batch:
+            if recover_journal(failed_dir, dest_id):
+                log.info("destination %s: the failed-log appends of a pass cut short were undone", dest_id)
+        parked: dict[str, list[ParkedSpools]] = defaultdict(list)
+        for group in parked_spools(failed_dir):
+            parked[group.dest_id].append(group)
+        for dest_id in batch:
+            if parked[dest_id]:
+                settle_recovered(failed_dir, dest_id, parked[dest_id], lambda g: True if self._settled(g) else None)
+
+    def _settled(self, group: ParkedSpools) -> bool:
+        """Whether the status files show the pair of a parked group settled (a log gone from
+        incoming/ was archived: settled)."""
+        path = self.events_dir / "incoming" / group.log
+        if not path.exists():
+            return True
+        status = read_status(path)
+        if group.table == NO_TABLE:
+            return processed(status, group.dest_id)
+        pair = status.get(group.dest_id, {}).get(group.table)
+        return pair is not None and pair.settled
+
     def _plan(
         self,
         job_id: str,
         logs: list[Path],
         statuses: dict[str, LogStatus],
+        schedule: _Schedule,
         adapters: dict[str, DestinationAdapter],
         dest_errors: dict[str, str],
         only: str | None = None,
@@ -258,27 +377,81 @@ class BatchJob:
         plan.max_columns = self.config.server.max_columns
         plan.chunk_rows = self.chunk_rows
         plan.pass_bytes = sum(p.stat().st_size for p in logs)
+        parked: dict[str, list[ParkedSpools]] = defaultdict(list)
+        for group in parked_spools(self.events_dir / "failed"):
+            parked[group.dest_id].append(group)
         for dest_id, dest in self.config.destinations.items():
-            if dest.mode != "batch" or (only is not None and dest_id != only):
-                continue
+            wanted = schedule.wanted(dest_id)
+            if dest.mode != "batch" or (only is not None and dest_id != only) or not wanted:
+                continue  # nothing due: not even connected
             try:
                 adapter = adapters[dest_id] = build_destination(dest_id, dest, self.events_dir)
-                self._prepare_destination(plan, dest_id, dest, adapter, names, statuses)
+                self._prepare_destination(plan, dest_id, dest, adapter, names, statuses, parked[dest_id])
             except DestinationError as exc:
                 log.warning("destination %s is skipped this pass: %s", dest_id, exc)
                 dest_errors[dest_id] = str(exc)
+                plan.stages.pop(dest_id, None)
+                plan.objects.pop(dest_id, None)
+                plan.destinations.pop(dest_id, None)
+                self._unreachable(plan, dest_id, dest, wanted, schedule, parked[dest_id])
         routes = token_routes(self.config.api_keys, plan.destinations)
         plan.secret_tokens, plan.token_destinations, plan.default_destinations = routes
         if only is not None:  # whatever token a replayed event came with
             plan.secret_tokens, plan.token_destinations, plan.default_destinations = {}, {}, (only,)
         plan.file_tokens = {name: rotated_token(name) or "" for name in names}
         plan.file_ranks = {name: rank for rank, name in enumerate(sorted(names))}
-        plan.done = {
-            (name, dest_id): frozenset(t for t, s in statuses[name].get(dest_id, {}).items() if s.uploaded)
-            for name in names
-            for dest_id in plan.destinations
-        }
+        self._plan_pairs(plan, names, statuses, schedule)
         return plan
+
+    def _unreachable(
+        self,
+        plan: JobPlan,
+        dest_id: str,
+        dest: Any,
+        wanted: list[str],
+        schedule: _Schedule,
+        parked: list[ParkedSpools],
+    ) -> None:
+        """A destination this pass cannot reach: the logs whose retries of it are over give up
+        (the executors need no connection to send events to failed/); the others wait."""
+        giving_up = {name for name in wanted if (name, dest_id) in schedule.whole}
+        routed = [name for name in wanted if (name, dest_id) not in schedule.optional]
+        schedule.unreached.update((name, dest_id) for name in routed if name not in giving_up)
+        if not giving_up:
+            return  # its parked groups wait for a pass that can read its load markers
+        plan.destinations[dest_id] = dest  # routed, chained, never staged
+
+        def settled(group: ParkedSpools) -> bool | None:
+            # No load markers to read: the status files decide. A failed pair of a log that gives
+            # up now is dropped: its events go to failed/ again, with the give-up reason.
+            if self._settled(group):
+                return True
+            return False if group.log in giving_up else None
+
+        settle_recovered(self.events_dir / "failed", dest_id, parked, settled)
+
+    def _plan_pairs(self, plan: JobPlan, names: list[str], statuses: dict[str, LogStatus], schedule: _Schedule) -> None:
+        """`plan.skip`, `plan.done` and `plan.give_up` of every (log, destination) of the job."""
+        connected = set(plan.stages) | set(plan.objects)
+        skip = set()
+        for name in names:
+            for dest_id in plan.destinations:
+                key = (name, dest_id)
+                reached = dest_id in connected or key in schedule.whole
+                if key not in schedule.work or key in schedule.unreached or not reached:
+                    skip.add(key)
+                    continue
+                tables = statuses[name].get(dest_id, {})
+                settled = {table for table, pair in tables.items() if pair.settled}
+                if dest_id in connected:
+                    plan.done[key] = frozenset(settled | schedule.waiting.get(key, set()))
+                    reasons = {t: why for t, why in schedule.give_up.get(key, {}).items() if t not in settled}
+                else:  # unreachable for longer than the maximum age: every failed table gives up
+                    plan.done[key] = frozenset(settled)
+                    reasons = schedule.whole[key]
+                if reasons:
+                    plan.give_up[key] = reasons
+        plan.skip = frozenset(skip)
 
     def _prepare_destination(
         self,
@@ -288,10 +461,11 @@ class BatchJob:
         adapter: DestinationAdapter,
         names: list[str],
         statuses: dict[str, LogStatus],
+        parked: list[ParkedSpools],
     ) -> None:
         # What a killed pass left behind; a day is far longer than any pass.
         adapter.drop_stale_stages(time.time() - STALE_STAGE_SECONDS)
-        self._recover_parked(adapter, dest_id)
+        self._recover_parked(adapter, dest_id, parked)
         if adapter.capabilities.stage == "objects":
             # The files family: no tables to read, no load markers. Executors write one object per
             # log (split) and table, named after the log, so a rerun overwrites what a killed pass
@@ -338,7 +512,6 @@ class BatchJob:
     ) -> dict[tuple[str, str], str]:
         outcomes: dict[tuple[str, str], str] = {}
         max_default = self.config.server.max_columns
-        parked = self._park_failed(collected)
         for key in sorted(collected.pairs):
             pair = collected.pairs[key]
             dest = self.config.destinations[pair.dest_id]
@@ -356,45 +529,47 @@ class BatchJob:
             result.pair(*key).error = error
             if self.fault is not None:
                 self.fault("pair committed")
-            settle_parked(self.events_dir / "failed", parked.pop(key, ()), committed=not error)
-        for groups in parked.values():  # tables whose every event failed: nothing to commit
-            settle_parked(self.events_dir / "failed", groups, committed=True)
         return outcomes
 
-    def _park_failed(self, collected: _Collected) -> dict[tuple[str, str], list[ParkedSpools]]:
-        """Parks the failed events of every table pair until its commit is decided (`logs.failed`)."""
-        parked: dict[tuple[str, str], list[ParkedSpools]] = defaultdict(list)
+    def _park_failed(self, collected: _Collected, fresh: set[tuple[str, str]]) -> list[ParkedSpools]:
+        """Parks the failed events the pass may append, before any commit (`logs.failed`): those of
+        every table, and the template failures and unreadable lines of the (log, destination)
+        pairs processed for the first time (`fresh`: they are written once per log and destination)."""
+        parked = []
         failed_dir = self.events_dir / "failed"
         for (name, dest_id, table), spools in sorted(collected.spools.items()):
-            if table != NO_TABLE:
-                parked[dest_id, table].append(park_spools(failed_dir, name, dest_id, table, spools))
-        collected.spools = {key: spools for key, spools in collected.spools.items() if key[2] == NO_TABLE}
+            if table != NO_TABLE or (name, dest_id) in fresh:
+                parked.append(park_spools(failed_dir, name, dest_id, table, spools))
+        collected.spools = {}  # the others stay in the job's staging folder, removed with it
         return parked
 
-    def _recover_parked(self, adapter: DestinationAdapter, dest_id: str) -> None:
-        """Failed events a crashed pass parked: appended when their pair was committed, else dropped."""
-        failed_dir = self.events_dir / "failed"
-        groups = [group for group in parked_spools(failed_dir) if group.dest_id == dest_id]
+    def _recover_parked(self, adapter: DestinationAdapter, dest_id: str, groups: list[ParkedSpools]) -> None:
+        """Failed events a crashed pass parked: appended when their pair is settled (its load marker,
+        or its log's status file), else dropped (the retry spools them again)."""
         if not groups:
             return
         committed = adapter.loaded_files(dest_id, sorted({group.log for group in groups}))
-        done = [group for group in groups if (group.log, group.table) in committed]
-        settle_parked(failed_dir, done, committed=True)
-        settle_parked(failed_dir, [group for group in groups if group not in done], committed=False)
-        log.info("destination %s: %d parked failed-event group(s) recovered after a crash", dest_id, len(done))
+
+        def settled(group: ParkedSpools) -> bool:
+            return (group.log, group.table) in committed or self._settled(group)
+
+        done, dropped = settle_recovered(self.events_dir / "failed", dest_id, groups, settled)
+        log.info("destination %s: parked failed-event groups: %d appended, %d dropped", dest_id, done, dropped)
 
     def _settle(
         self,
         logs: list[Path],
         statuses: dict[str, LogStatus],
-        seen: set[tuple[str, str]],
+        schedule: _Schedule,
+        fresh: set[tuple[str, str]],
         plan: JobPlan,
         collected: _Collected,
         outcomes: dict[tuple[str, str], str],
         dest_errors: dict[str, str],
+        parked: list[ParkedSpools],
         result: JobResult,
     ) -> None:
-        fresh = {(name, dest_id) for name in statuses for dest_id in plan.destinations} - seen
+        now = schedule.now
         updates: dict[str, LogStatus] = defaultdict(dict)
         for (name, dest_id, table), (rows, failed, skipped) in collected.counts.items():
             summary = result.pair(dest_id, table)
@@ -406,48 +581,112 @@ class BatchJob:
             tables = updates[name].setdefault(dest_id, {})
             if table != NO_TABLE:
                 error = outcomes.get((dest_id, table), "")
-                tables[table] = PairStatus(not error, error)
-        self._append_failed(collected, fresh)
-        self._record_destination_errors(plan, dest_errors, updates, result)
+                tables[table] = PairStatus(False, error, 1, now, now) if error else PairStatus(True)
+        for name in plan.file_tokens:
+            for dest_id in plan.destinations:
+                if (name, dest_id) not in plan.skip:  # processed, maybe without any table: not read for it again
+                    updates[name].setdefault(dest_id, {})
+        self._record_give_ups(plan, statuses, collected, updates, result)
+        self._record_destination_errors(statuses, schedule, dest_errors, updates, result)
+        journals, appended = self._append_failed(parked, updates)
+        if self.fault is not None:
+            self.fault("failed appended")
         for path in logs:
             self._finish_log(path, statuses[path.name], updates.get(path.name, {}), plan, result)
+        if self.fault is not None:
+            self.fault("statuses written")
+        finish_appends(self.events_dir / "failed", journals, appended)
+
+    def _record_give_ups(
+        self,
+        plan: JobPlan,
+        statuses: dict[str, LogStatus],
+        collected: _Collected,
+        updates: dict[str, LogStatus],
+        result: JobResult,
+    ) -> None:
+        """Pairs that gave up this pass: settled, their events in failed/ (`plan.give_up`)."""
+        for (name, dest_id), reasons in plan.give_up.items():
+            old = statuses[name].get(dest_id, {})
+            tables = updates[name].setdefault(dest_id, {})
+            whole = reasons.get(NO_TABLE)
+            # Tables that got events this pass (maybe new ones, when the whole destination gives up).
+            names = set(reasons) | ({t for t in tables if t != NO_TABLE} if whole is not None else set())
+            for table in names:
+                before = old.get(table) or PairStatus(False)
+                if not before.settled:
+                    why = reasons.get(table) or whole or ""
+                    tables[table] = PairStatus(
+                        False, why, before.attempts, before.first_failed, before.last_attempt, 0.0, gave_up=True
+                    )
+        for (name, dest_id, table), (_rows, failed, _skipped) in collected.counts.items():
+            reasons = plan.give_up.get((name, dest_id))
+            if failed and table != NO_TABLE and reasons and (table in reasons or NO_TABLE in reasons):
+                result.gave_up[dest_id] = result.gave_up.get(dest_id, 0) + failed
 
     def _record_destination_errors(
-        self, plan: JobPlan, dest_errors: dict[str, str], updates: dict[str, LogStatus], result: JobResult
+        self,
+        statuses: dict[str, LogStatus],
+        schedule: _Schedule,
+        dest_errors: dict[str, str],
+        updates: dict[str, LogStatus],
+        result: JobResult,
     ) -> None:
-        """A destination unusable this pass keeps the logs of the tokens it takes, as a FAILED pair."""
-        if not dest_errors:
-            return
-        batch = {d: dest for d, dest in self.config.destinations.items() if dest.mode == "batch"}
-        _secrets, token_destinations, default = token_routes(self.config.api_keys, batch)
-        for name, token in plan.file_tokens.items():
-            only = plan.replay_destination
-            targets = token_destinations.get(token, default) if only is None else (only,)
-            for dest_id in targets:
-                if dest_id in dest_errors:
-                    updates[name].setdefault(dest_id, {})[NO_TABLE] = PairStatus(False, dest_errors[dest_id])
+        """A destination unusable this pass keeps the logs it had to load, as a FAILED '' pair.
+
+        Its age starts at the oldest failure of the log's pairs for that destination: those events
+        have waited since, and give up at the same maximum age."""
+        now = schedule.now
+        for name, dest_id in sorted(schedule.unreached):
+            firsts = [p.first_failed for p in statuses[name].get(dest_id, {}).values() if not p.settled]
+            first = min([t for t in firsts if t > 0] + [now])
+            updates[name].setdefault(dest_id, {})[NO_TABLE] = PairStatus(False, dest_errors[dest_id], 1, first, now)
         for dest_id, error in dest_errors.items():
             result.pair(dest_id, NO_TABLE).error = error
 
-    def _append_failed(self, collected: _Collected, fresh: set[tuple[str, str]]) -> None:
-        """Template failures, skips and unreadable lines: once per log and destination."""
-        by_dest: dict[str, list[Path]] = defaultdict(list)
-        for (name, dest_id, _table), spools in sorted(collected.spools.items()):
-            if (name, dest_id) in fresh:
-                by_dest[dest_id].extend(spools)
-        for dest_id, spools in by_dest.items():
-            append_spools(self.events_dir / "failed", dest_id, spools)
+    def _append_failed(
+        self, parked: list[ParkedSpools], updates: dict[str, LogStatus]
+    ) -> tuple[list[Path | None], list[ParkedSpools]]:
+        """Appends the parked groups whose pair is settled by this pass (the others stay parked until a
+        pass reads their load markers: `_recover_parked`); returns the journals and the groups appended."""
+        by_dest: dict[str, list[ParkedSpools]] = defaultdict(list)
+        for group in parked:
+            if group.table != NO_TABLE:  # template failures: parked only when written this pass
+                pair = updates.get(group.log, {}).get(group.dest_id, {}).get(group.table)
+                if pair is None or not pair.settled:
+                    continue
+            by_dest[group.dest_id].append(group)
+        journals: list[Path | None] = []
+        appended: list[ParkedSpools] = []
+        for dest_id, groups in sorted(by_dest.items()):
+            journals.append(append_groups(self.events_dir / "failed", dest_id, groups, self.fault))
+            appended += groups
+        return journals, appended
 
     def _finish_log(self, path: Path, old: LogStatus, update: LogStatus, plan: JobPlan, result: JobResult) -> None:
         merged = merge_status(old, update)
-        for dest_id in plan.destinations:
-            # Reached this pass: a destination-wide error of an earlier pass is over.
-            merged.get(dest_id, {}).pop(NO_TABLE, None)
+        connected = set(plan.stages) | set(plan.objects)
+        for dest_id in connected:
+            if (path.name, dest_id) not in plan.skip:
+                # Reached this pass: a destination-wide error of an earlier pass is over.
+                merged.get(dest_id, {}).pop(NO_TABLE, None)
+        self._schedule_retries(merged)
         write_status(path, merged)
         if all_uploaded(merged):
             result.archived.append(archive_log(path, self.events_dir / "archive"))
         else:
             result.kept.append(path)
+
+    def _schedule_retries(self, status: LogStatus) -> None:
+        """Sets `next_attempt` of every failed pair from its destination's retry policy."""
+        for dest_id, tables in status.items():
+            dest = self.config.destinations.get(dest_id)
+            if dest is None:
+                continue
+            policy = retry_policy(self.config, dest)
+            for pair in tables.values():
+                if not pair.settled and pair.attempts:
+                    pair.next_attempt = policy.next_attempt(pair.attempts, pair.last_attempt)
 
     def _cleanup(self, adapter: DestinationAdapter, job_id: str, staged: bool) -> None:
         try:
@@ -492,3 +731,32 @@ def _pair(collected: _Collected, dest_id: str, table: str) -> PairLoad:
     if found is None:
         found = collected.pairs[dest_id, table] = PairLoad(dest_id, table, BatchHeader(table))
     return found
+
+
+def _expired(policy: RetryPolicy, pair: PairStatus, now: float) -> bool:
+    return pair.attempts > 0 and pair.first_failed > 0 and policy.expired(pair.first_failed, now)
+
+
+def _schedule_pair(
+    schedule: _Schedule, key: tuple[str, str], tables: dict[str, PairStatus] | None, policy: RetryPolicy
+) -> None:
+    """Decides one (log, destination) of `_Schedule` from its pairs in the log's status file."""
+    now = schedule.now
+    if tables is None:
+        schedule.work.add(key)  # never processed
+        return
+    failing = {table: pair for table, pair in tables.items() if not pair.settled}
+    whole = failing.get(NO_TABLE)
+    if whole is not None and _expired(policy, whole, now):
+        schedule.whole[key] = {t: give_up_reason(p.attempts, p.first_failed, now, p.error) for t, p in failing.items()}
+    elif whole is not None and now < whole.next_attempt:
+        return  # the destination was unreachable: not retried before its time, whatever the tables
+    for table, pair in failing.items():
+        if table == NO_TABLE:
+            continue
+        if _expired(policy, pair, now):
+            schedule.give_up[key][table] = give_up_reason(pair.attempts, pair.first_failed, now, pair.error)
+        elif now < pair.next_attempt:
+            schedule.waiting[key].add(table)
+    if whole is not None or len(failing) > len(schedule.waiting.get(key, ())):
+        schedule.work.add(key)

@@ -90,8 +90,11 @@ class PartitionTask:
         self.chunks: list[tuple[str, str, bytes]] = []
         self.errors: dict[tuple[str, str], str] = {}
         self.line_number = 0
-        # Per (log, destination, table): its buffer and counts, or None when already uploaded.
-        self.targets: dict[tuple[str, str, str], tuple[ChunkBuffer, list[int]] | None] = {}
+        # Per (log, destination, table): its buffer and counts, None when done already, or the
+        # reason its events fail (given up: `plan.give_up`).
+        self.targets: dict[tuple[str, str, str], tuple[ChunkBuffer, list[int]] | str | None] = {}
+        # (log, token) → its destinations, less those the plan skips for that log (`plan.skip`).
+        self.routes: dict[tuple[str, str], tuple[str, ...]] = {}
         self.seq_bases: dict[str, int] = {}
         # Files destinations (`plan.objects`): a buffer per (log, destination, table) of the split.
         self.object_buffers: dict[tuple[str, str, str], ObjectBuffer] = {}
@@ -117,22 +120,34 @@ class PartitionTask:
                 chain = self.chains[dest_id] = DestinationChain.build(dest_id, dest, geo, ua, check_name)
         return chain
 
+    def destinations_of(self, file: str, token: str) -> tuple[str, ...]:
+        """The destinations of `token`'s events in log `file` this pass."""
+        if not self.plan.skip:
+            return self.plan.destinations_of(token)
+        key = (file, token)
+        found = self.routes.get(key)
+        if found is None:
+            skip = self.plan.skip
+            found = tuple(d for d in self.plan.destinations_of(token) if (file, d) not in skip)
+            self.routes[key] = found
+        return found
+
     def add_line(self, line: bytes, file: str) -> None:
         self.line_number += 1
         file_token = self.plan.file_tokens.get(file, "")
         try:
             event = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            for dest_id in self.plan.destinations_of(file_token):
+            for dest_id in self.destinations_of(file, file_token):
                 self.fail(file, dest_id, NO_TABLE, line, f"the line is not JSON: {exc}")
             return
         if not isinstance(event, dict):
-            for dest_id in self.plan.destinations_of(file_token):
+            for dest_id in self.destinations_of(file, file_token):
                 self.fail(file, dest_id, NO_TABLE, line, "the line is not a JSON object")
             return
         api_key = event.get("api_key")
         token = self.plan.secret_tokens.get(api_key, file_token) if isinstance(api_key, str) else file_token
-        dest_ids = self.plan.destinations_of(token)
+        dest_ids = self.destinations_of(file, token) if self.plan.skip else self.plan.destinations_of(token)
         if self.sample_left:
             self.sample_left -= 1
             self.add_sampled(line, file, token, event, dest_ids)
@@ -216,6 +231,9 @@ class PartitionTask:
             target = self.targets[key] = self.target(file, dest_id, table)
         if target is None:
             return False
+        if type(target) is str:  # given up: to failed/, with the reason
+            self.fail(file, dest_id, table, line, target)
+            return Failure(target)
         buffer, counts = target
         error = buffer.add(result.values, result.casts, self.seq(file))
         if error is not None:
@@ -239,9 +257,14 @@ class PartitionTask:
         if sighting is not None:
             found[1].add(table, sighting)
 
-    def target(self, file: str, dest_id: str, table: str) -> tuple[ChunkBuffer, list[int]] | None:
+    def target(self, file: str, dest_id: str, table: str) -> tuple[ChunkBuffer, list[int]] | str | None:
         if table in self.plan.done.get((file, dest_id), ()):
             return None
+        given_up = self.plan.give_up.get((file, dest_id)) if self.plan.give_up else None
+        if given_up:
+            reason = given_up.get(table) or given_up.get(NO_TABLE)
+            if reason:
+                return reason
         objects = self.plan.objects.get(dest_id) if self.plan.objects else None
         if objects is not None:
             buffer = self.object_buffers[file, dest_id, table] = objects.buffer(table)

@@ -35,7 +35,13 @@ class JobPlan:
     file_ranks: dict[str, int]
     """Rotated log name → its place in time order (rows of later logs win an upsert)."""
     done: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
-    """(log name, destination id) → tables already uploaded from that log."""
+    """(log name, destination id) → tables not loaded from that log this pass: uploaded or given up
+    already, or waiting for their retry (`eventspark.retry`)."""
+    skip: frozenset[tuple[str, str]] = frozenset()
+    """(log name, destination id) pairs this pass leaves alone: nothing of theirs is due yet."""
+    give_up: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    """(log name, destination id) → table → the reason its events go to `failed/` instead of the
+    table (the retry policy's maximum age is over); table '' (`NO_TABLE`): every table not done."""
     existing: dict[str, dict[str, dict[str, DataType | None]]] = field(default_factory=dict)
     """Destination id → table → column → the DataType its values must fit (None: not checked)."""
     primary_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)

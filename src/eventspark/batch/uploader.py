@@ -17,6 +17,7 @@ from eventspark.batch.session import stop_session
 from eventspark.config import LoadedConfig
 from eventspark.coordination import Coordination, build_coordination
 from eventspark.logconfig import in_job
+from eventspark.logs.retention import after_pass as retention_after_pass
 from eventspark.ops.cache import events_cache_for
 from eventspark.ops.cache_results import record_samples
 from eventspark.ops.metrics import record_pass, record_pass_error
@@ -69,6 +70,7 @@ class Uploader:
             record_pass_error(log_path, batch, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
             raise
         record_pass(log_path, result, time.monotonic() - started)
+        retention_after_pass(log_path)  # on the retention thread: this pass does not wait for it
         record_samples(events_cache_for(self.loaded.config), result.samples)
         for (dest_id, table), pair in sorted(result.pairs.items()):
             level = logging.WARNING if pair.error else logging.INFO

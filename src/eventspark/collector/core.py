@@ -146,8 +146,8 @@ class Collector:
             asked = await rotations.wait(period)
             try:
                 self.logs.rotate()
-            except OSError:
-                logger.exception("rotating incoming logs failed; retrying next period")
+            except OSError as exc:  # each file that failed is logged; no traceback a period
+                logger.error("rotating incoming logs failed (%s); retrying next period", exc)
             rotations.done(asked)
 
     # --- reloaded config (eventspark.config.sources) ----------------------------------------------
@@ -223,10 +223,14 @@ class Collector:
         """Hands the lines to the OS in every file of the route; 503 when that fails."""
         if count == 0:
             return
+        written = 0
         try:
             for file in route.files:
                 file.write(lines, count)
+                written += 1
         except OSError as exc:
+            if written and route.incoming is not None:  # the incoming log comes first in `files`
+                route.incoming.undo_last()  # a stream queue's consumer may have read its lines already
             logger.error("cannot store events of token %s: %s", token.id, exc)
             raise HTTPError(503, "Failed to store events", exc.strerror or str(exc)) from None
         self.accepted[token.id] += count

@@ -5,6 +5,7 @@ Deliberately small and allocation-light: it runs for every event the collector r
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
@@ -132,10 +133,23 @@ def parse_query(raw: bytes) -> list[tuple[str, str]]:
     return [(key, value) for key, _, value in (part.partition("=") for part in text.split("&") if part)]
 
 
+DRAIN_MAX_BYTES = 64 * 1024 * 1024
+"""A body over its limit is still read, and discarded, up to this many bytes: a client that is
+still sending when the server closes the connection gets a reset instead of the 413."""
+DRAIN_MAX_SEC = 10.0
+"""...and for at most this long; past either bound the connection is closed at once, as before."""
+
+
 async def read_body(
     receive: Receive, headers: dict[bytes, bytes], limit: int, setting: str = "server.max_event_size"
 ) -> bytes:
-    """The whole body; 413 as soon as it is known to exceed `limit` bytes (named by `setting`)."""
+    """The whole body; 413 once it is known to exceed `limit` bytes (named by `setting`).
+
+    A refused body is drained first (up to DRAIN_MAX_BYTES and DRAIN_MAX_SEC) so that the client
+    reads the 413; a client waiting for `100 Continue` is refused before it sends anything.
+    """
+    if b"expect" in headers and _declared(headers) > limit:
+        raise _too_large(limit, setting, close=True)  # not receive(): that would send 100 Continue
     message = await receive()
     body: bytes = message.get("body", b"")
     if not message.get("more_body", False):  # the usual case: the server has the whole body
@@ -144,10 +158,17 @@ async def read_body(
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
         return body
-    declared = headers.get(b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit, setting)
+    declared = _declared(headers)
+    if declared > limit:
+        drained = declared <= DRAIN_MAX_BYTES and await _drain(receive, len(body))
+        raise _too_large(limit, setting, close=not drained)
     return await _read_chunks(receive, body, limit, setting)
+
+
+def _declared(headers: dict[bytes, bytes]) -> int:
+    """The Content-Length header's value; -1 when absent or not a number (chunked bodies)."""
+    declared = headers.get(b"content-length")
+    return int(declared) if declared is not None and declared.isdigit() else -1
 
 
 async def _read_chunks(receive: Receive, first: bytes, limit: int, setting: str) -> bytes:
@@ -159,18 +180,37 @@ async def _read_chunks(receive: Receive, first: bytes, limit: int, setting: str)
             raise ClientDisconnected
         chunk = message.get("body", b"")
         size += len(chunk)
+        more = message.get("more_body", False)
         if size > limit:
-            raise _too_large(limit, setting)
+            drained = not more or await _drain(receive, size)
+            raise _too_large(limit, setting, close=not drained)
         chunks.append(chunk)
-        if not message.get("more_body", False):
+        if not more:
             return b"".join(chunks)
 
 
-def _too_large(limit: int, setting: str) -> HTTPError:
-    # The rest of the body is not read: ask the server to close the connection after answering.
+async def _drain(receive: Receive, received: int) -> bool:
+    """Reads and discards the rest of a body; False when it is longer than DRAIN_MAX_BYTES or
+    takes longer than DRAIN_MAX_SEC (the connection is then closed with the rest unread)."""
+    try:
+        async with asyncio.timeout(DRAIN_MAX_SEC):
+            while received <= DRAIN_MAX_BYTES:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnected
+                received += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return True
+    except TimeoutError:
+        pass
+    return False
+
+
+def _too_large(limit: int, setting: str, close: bool = False) -> HTTPError:
+    # `close`: the rest of the body was not read, the connection cannot carry another request.
     return HTTPError(
         413,
         "Request body is too large",
         f"the limit is {limit} bytes ({setting})",
-        [(b"connection", b"close")],
+        [(b"connection", b"close")] if close else None,
     )

@@ -46,6 +46,12 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "stream_events_skipped": ("Events a stream worker skipped (empty table name)", ("destination",)),
     "stream_inserts": ("Inserts (or requests) of a stream worker that succeeded", ("destination",)),
     "stream_retries": ("Deliveries a stream worker retried after a connection error", ("destination",)),
+    "retention_removed_files": ("Files the retention policy removed, by directory (archive, failed)", ("dir",)),
+    "retention_removed_bytes": ("Bytes the retention policy removed, by directory (archive, failed)", ("dir",)),
+    "retry_gave_up_events": (
+        "Events sent to failed/ once the retry policy's max_age_hours was over (batch and stream)",
+        ("destination",),
+    ),
 }
 HISTOGRAMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "request_duration_seconds": ("Time to answer a request, by endpoint", ("endpoint",)),
@@ -104,6 +110,7 @@ def _seeded(sample: Sample, statuses: list[DestinationStatus]) -> Sample:
     """`sample` with zeros for the series every node has, so that rate() works from the start."""
     zeros = Sample()
     for status in statuses:
+        zeros.count("retry_gave_up_events", (status.destination,), 0)
         if status.mode == "stream":
             for family in COUNTERS:
                 if family.startswith("stream_"):
@@ -111,6 +118,9 @@ def _seeded(sample: Sample, statuses: list[DestinationStatus]) -> Sample:
     if any(status.mode == "batch" for status in statuses):
         zeros.count("batch_passes", ("ok",), 0)
         zeros.count("batch_passes", ("failed",), 0)
+    for directory in ("archive", "failed"):  # retention runs on every node (logs.retention)
+        zeros.count("retention_removed_files", (directory,), 0)
+        zeros.count("retention_removed_bytes", (directory,), 0)
     zeros.add(sample)
     return zeros
 
@@ -173,3 +183,30 @@ def _gauges(statuses: list[DestinationStatus]) -> Iterator[Metric]:
         if status.last_event_age is not None:
             lag.add_metric(values, status.last_event_age)
     yield from (queue, logs, oldest, failed, last_load, lag)
+    yield from _retry_gauges(statuses)
+
+
+def _retry_gauges(statuses: list[DestinationStatus]) -> Iterator[Metric]:
+    """The retry policy's progress per destination (docs/reliability.md); 0 while nothing fails."""
+    attempts = GaugeMetricFamily(
+        PREFIX + "retry_attempts",
+        "Consecutive failed delivery attempts of what the destination holds (stream: its micro-batch; "
+        "batch: the most of one failed pair)",
+        labels=["destination"],
+    )
+    age = GaugeMetricFamily(
+        PREFIX + "retry_oldest_age_seconds",
+        "Time since the first failed attempt of the oldest events being retried; 0 when nothing fails",
+        labels=["destination"],
+    )
+    pending = GaugeMetricFamily(
+        PREFIX + "retry_pending_pairs",
+        "Batch: (rotated log, table) pairs that failed and wait for their next attempt",
+        labels=["destination"],
+    )
+    for status in statuses:
+        attempts.add_metric([status.destination], status.retry_attempts)
+        age.add_metric([status.destination], status.retry_oldest_age or 0.0)
+        if status.mode == "batch":
+            pending.add_metric([status.destination], status.retry_pending_pairs)
+    yield from (attempts, age, pending)

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table as RichTable
 
 from eventspark.commands.common import ConfigOption, err, load_logged, out
-from eventspark.ops.status import UNLIMITED, DestinationStatus, StatusReader
+from eventspark.ops.status import UNLIMITED, DestinationStatus, StatusReader, storage_usage
 
 ERROR_CHARS = 120
 """Errors are cut to this length in the table and the plain lines (`--json` has them whole)."""
@@ -39,6 +39,9 @@ def status(
     elif as_json:
         document = {"log_path": str(Path(loaded.config.log.path)), "destinations": [s.to_json() for s in statuses]}
         document["held_logs"] = reader.held
+        storage = storage_usage(Path(loaded.config.log.path))  # measured by the serving node's retention
+        if storage is not None:
+            document["storage"] = storage
         out.file.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
     elif out.is_terminal:
         _print_table(statuses)

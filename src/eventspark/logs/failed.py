@@ -4,13 +4,31 @@ A line is `{"event": <original event>, "error": "<reason>", "event_id": "<id>"}`
 executors spool the failures of a pass into files of their own; the driver appends a spool to the
 destination's failed log once the pass's outcome for those events is final.
 
-Spools of a destination/table pair are *parked* in `failed/pending/` before the pair is committed.
-Once a pair is committed its log is never read for that table again, so a crash between the commit
-and the append would otherwise lose those failures; the next pass finds the parked spools and
-appends those whose pair the destination's load markers show committed (the others are dropped:
-the retry of the pair spools them again). A crash between an append and the removal of its parked
-spools can write those lines twice: the failed log is at-least-once. Spools are fsynced by the
-executors, manifests and the failed log here, so a power loss loses none of it either.
+Every spool a batch pass appends is first *parked* in `failed/pending/<group>/` with a manifest
+naming its (log, destination, table). Each failed line is appended exactly once, whatever point
+a crash (or power loss) hits:
+
+1. a pass parks its groups, commits its pairs (a commit leaves a load marker in the warehouse);
+2. it writes the destination's *journal* `pending/journal.dst=<id>.json` (the failed log's size
+   and inode before the appends, the groups appended), appends the groups of settled pairs and
+   fsyncs the log;
+3. it writes the status files (the outcome of pairs without a marker: only failures, given up,
+   template failures);
+4. it marks the journal done, removes the appended groups, then the journal.
+
+The next pass, before it appends anything to that failed log, *recovers*: a journal not done
+means "maybe appended": the log is truncated back to the journal's size (its lines are still
+parked); a done journal only has its groups left to remove. Then each parked group is appended
+(under a journal of its own) when its pair is settled (its load marker, or its log's status file;
+a log no longer in incoming/ was archived, so settled), or dropped when it is not (the retry
+spools those events again). A group whose pair failed is left parked until a pass can read the
+markers: a commit whose answer was lost may have happened.
+
+Truncating is safe because one pass at a time appends to a batch destination's failed log: passes
+run under the node's batch lock, a destination's loads under its coordination locks, stream
+destinations have failed logs of their own, and a replay moves the file away instead of writing to
+it (the inode check leaves a moved or recreated file alone). Spools are fsynced by the executors,
+manifests, journals and the failed log here, so a power loss loses none of it either.
 """
 
 from __future__ import annotations
@@ -19,19 +37,21 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
-from eventspark.logs.status import replace_file
+from eventspark.logs.status import replace_file, sync_dir
 
 log = logging.getLogger(__name__)
 
 COPY_CHUNK = 1024 * 1024
 PENDING_DIR = "pending"
+JOURNAL_PREFIX = "journal.dst="
 
 
 def failed_log_path(failed_dir: Path, dest_id: str) -> Path:
@@ -120,6 +140,8 @@ def parked_spools(failed_dir: Path) -> list[ParkedSpools]:
     found = []
     root = failed_dir / PENDING_DIR
     for folder in sorted(root.iterdir()) if root.is_dir() else ():
+        if not folder.is_dir():
+            continue  # a journal
         try:
             record = orjson.loads((folder / "manifest.json").read_bytes())
         except (FileNotFoundError, orjson.JSONDecodeError):
@@ -131,14 +153,145 @@ def parked_spools(failed_dir: Path) -> list[ParkedSpools]:
 
 
 def settle_parked(failed_dir: Path, parked: Iterable[ParkedSpools], committed: bool) -> None:
-    """Appends the parked spools to their destinations' failed logs when `committed`; removes them either way."""
+    """Appends the parked spools to their destinations' failed logs when `committed` (each line
+    once: `append_settled`); removes them either way."""
     groups = list(parked)
     if committed:
-        by_dest: dict[str, list[Path]] = {}
+        by_dest: dict[str, list[ParkedSpools]] = {}
         for group in groups:
-            by_dest.setdefault(group.dest_id, []).extend(group.spools)
-        for dest_id, spools in by_dest.items():
-            append_spools(failed_dir, dest_id, spools)
+            by_dest.setdefault(group.dest_id, []).append(group)
+        for dest_id, mine in by_dest.items():
+            append_settled(failed_dir, dest_id, mine)
+    remove_groups(groups)
+
+
+def remove_groups(groups: Iterable[ParkedSpools]) -> None:
     for group in groups:
         group.manifest.unlink(missing_ok=True)  # first: a folder without a manifest is never appended
         shutil.rmtree(group.manifest.parent, ignore_errors=True)
+
+
+# --- appending exactly once -----------------------------------------------------------------------
+
+
+def journal_path(failed_dir: Path, dest_id: str) -> Path:
+    return failed_dir / PENDING_DIR / f"{JOURNAL_PREFIX}{quote(dest_id, safe='')}.json"
+
+
+def append_groups(
+    failed_dir: Path, dest_id: str, groups: list[ParkedSpools], fault: Callable[[str], None] | None = None
+) -> Path | None:
+    """Appends the groups to the failed log of `dest_id` under a journal (module docstring, step 2);
+    returns the journal, for `finish_appends` once the groups' outcomes are durable."""
+    if not groups:
+        return None
+    target = failed_log_path(failed_dir, dest_id)
+    (failed_dir / PENDING_DIR).mkdir(parents=True, exist_ok=True)
+    journal = journal_path(failed_dir, dest_id)
+    created = not target.exists()
+    with target.open("ab") as out:
+        stat = os.fstat(out.fileno())
+        record = {
+            "dest": dest_id,
+            "inode": stat.st_ino,
+            "start": stat.st_size,
+            "groups": [group.manifest.parent.name for group in groups],
+            "done": False,
+        }
+        replace_file(journal, orjson.dumps(record))
+        if created:
+            sync_dir(failed_dir)
+        for group in groups:
+            _copy(group.spools, out)
+            if fault is not None:
+                out.flush()
+                fault("failed group appended")
+        out.flush()
+        os.fsync(out.fileno())
+    return journal
+
+
+def _copy(spools: Iterable[Path], out: Any) -> int:
+    written = 0
+    for spool in spools:
+        try:
+            with spool.open("rb") as src:
+                shutil.copyfileobj(src, out, COPY_CHUNK)
+                written += src.tell()
+        except FileNotFoundError:
+            continue
+    return written
+
+
+def finish_appends(failed_dir: Path, journals: Iterable[Path | None], groups: Iterable[ParkedSpools]) -> None:
+    """Step 4: the appended groups' outcomes are durable: journals done, groups removed, journals removed."""
+    found = [journal for journal in journals if journal is not None]
+    for journal in found:
+        record = _read_journal(journal)
+        if record is not None:
+            replace_file(journal, orjson.dumps({**record, "done": True}))
+    remove_groups(groups)
+    for journal in found:
+        journal.unlink(missing_ok=True)
+    if found:
+        sync_dir(found[0].parent)
+
+
+def append_settled(failed_dir: Path, dest_id: str, groups: list[ParkedSpools]) -> None:
+    """Appends groups whose outcome is already durable (a committed pair, a recovered group) and removes them."""
+    finish_appends(failed_dir, [append_groups(failed_dir, dest_id, groups)], groups)
+
+
+def _read_journal(path: Path) -> dict[str, Any] | None:
+    try:
+        record = orjson.loads(path.read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def recover_journal(failed_dir: Path, dest_id: str) -> bool:
+    """Undoes what a pass cut short may have appended to the failed log of `dest_id` (module
+    docstring); True when there was a journal. Needs no connection; idempotent."""
+    journal = journal_path(failed_dir, dest_id)
+    record = _read_journal(journal)
+    if record is None:
+        journal.unlink(missing_ok=True)  # never half-written (replace_file): only a foreign file
+        return False
+    if record.get("done"):
+        names = set(record.get("groups") or ())
+        remove_groups(group for group in parked_spools(failed_dir) if group.manifest.parent.name in names)
+    else:
+        _truncate(failed_log_path(failed_dir, dest_id), record.get("inode"), record.get("start"))
+    journal.unlink()
+    sync_dir(journal.parent)
+    return True
+
+
+def _truncate(target: Path, inode: Any, start: Any) -> None:
+    if not isinstance(start, int) or start < 0:
+        return
+    try:
+        with target.open("r+b") as file:
+            stat = os.fstat(file.fileno())
+            # Another inode: a replay moved the file away, the lines went with it (appended again).
+            if stat.st_ino == inode and stat.st_size > start:
+                log.warning("failed log %s: %d byte(s) of a pass cut short removed", target, stat.st_size - start)
+                file.truncate(start)
+                os.fsync(file.fileno())
+    except FileNotFoundError:
+        return
+
+
+def settle_recovered(
+    failed_dir: Path, dest_id: str, groups: list[ParkedSpools], settled: Callable[[ParkedSpools], bool | None]
+) -> tuple[int, int]:
+    """Parked groups of `dest_id` a pass left: appended when `settled` says True, dropped when
+    False, left parked when None (not known yet). Returns (appended, dropped)."""
+    decided = [(group, settled(group)) for group in groups]
+    done = [group for group, outcome in decided if outcome is True]
+    dropped = [group for group, outcome in decided if outcome is False]
+    if done:
+        append_settled(failed_dir, dest_id, done)
+    remove_groups(dropped)
+    return len(done), len(dropped)

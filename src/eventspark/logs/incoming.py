@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import threading
@@ -37,6 +38,8 @@ __all__ = [
     "rotate_live_files",
     "rotated_log_name",
 ]
+
+logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".server.lock"
 _PREFIX = "incoming.tok="
@@ -114,6 +117,8 @@ class AppendOnlyFile:
         self.lines = 0
         self._fd: int | None = None
         self._lock = threading.Lock()
+        self._last: tuple[int, int] | None = None
+        """(offset, lines) of the last write, for `undo_last`."""
 
     def write(self, data: bytes, lines: int = 1) -> None:
         """Appends `data` (whole lines); on error the file is cut back so no partial line remains."""
@@ -130,6 +135,18 @@ class AppendOnlyFile:
             raise
         self.size = start + len(data)
         self.lines += lines
+        self._last = (start, lines)
+
+    def undo_last(self) -> None:
+        """Cuts off what the last `write` appended: its request was refused after all (another
+        file of the request could not be written), so its lines must not be loaded either."""
+        if self._fd is None or self._last is None:
+            return
+        start, lines = self._last
+        self._last = None
+        with contextlib.suppress(OSError):  # cannot fail on a regular file we write
+            os.ftruncate(self._fd, start)
+            self.size, self.lines = start, self.lines - lines
 
     def _write_rest(self, fd: int, view: memoryview) -> None:
         while view:
@@ -162,6 +179,7 @@ class AppendOnlyFile:
             finally:
                 os.close(self._fd)
                 self._fd = None
+                self._last = None
 
 
 # --- this process's live logs ---------------------------------------------------------------------
@@ -185,26 +203,45 @@ class IncomingLogs:
         return file
 
     def rotate(self, now: datetime | None = None) -> list[Path]:
-        """Closes and renames every non-empty live file; the next write opens a fresh one."""
-        now = now or datetime.now(UTC)
-        rotated = []
+        """Closes and renames every non-empty live file; the next write opens a fresh one.
+
+        A file that cannot be renamed (disk full, read-only directory) stays live: the next write
+        appends to it again and the next rotation retries. The other files are rotated anyway,
+        then the first error is raised.
+        """
+        rotated, error = self._rotate(now or datetime.now(UTC))
+        if error is not None:
+            raise error
+        return rotated
+
+    def _rotate(self, now: datetime) -> tuple[list[Path], OSError | None]:
+        rotated, error = [], None
         for token_id, file in self._files.items():
             if file.size == 0:
                 continue
-            file.close(sync=self.fsync)
-            target = _free_rotated_path(self.incoming_dir, token_id, now, self.worker)
-            os.rename(file.path, target)
+            try:
+                file.close(sync=self.fsync)
+                target = _free_rotated_path(self.incoming_dir, token_id, now, self.worker)
+                os.rename(file.path, target)
+            except OSError as exc:
+                logger.error("cannot rotate %s (%s); it stays live until the next rotation", file.path.name, exc)
+                error = error or exc
+                continue
             file.size = file.lines = 0
             rotated.append(target)
         if rotated and self.fsync:
-            sync_dir(self.incoming_dir)
-        return rotated
+            try:
+                sync_dir(self.incoming_dir)
+            except OSError as exc:  # the renames are done; a crash may undo some
+                error = error or exc
+        return rotated, error
 
     def close(self) -> list[Path]:
-        """Rotates what was written and closes every file (shutdown)."""
-        rotated = self.rotate()
+        """Rotates what can be rotated (errors are logged) and closes every file (shutdown)."""
+        rotated, _ = self._rotate(datetime.now(UTC))
         for file in self._files.values():
-            file.close(sync=self.fsync)
+            with contextlib.suppress(OSError):  # an fsync error was answered 503 already
+                file.close(sync=self.fsync)
         return rotated
 
 

@@ -4,6 +4,11 @@
 `{"<destination_id>": {"<table>": {"uploaded": true, "error": ""}}}`. A destination with an
 empty object was processed for the log but produced no table (every event skipped or failed in
 its template). Files are replaced atomically so a crash leaves the old or the new status, never half.
+
+A pair that failed also carries the retry policy's counters (`eventspark.retry`, extra keys that
+EventNative ignores): `attempts`, `first_failed`, `last_attempt` and `next_attempt` (epoch
+seconds), and `gave_up: true` once its events went to `failed/` past the maximum age. Table ''
+(`NO_TABLE`) is the destination-wide pair: the destination could not be reached for the log.
 """
 
 from __future__ import annotations
@@ -24,6 +29,62 @@ class PairStatus:
 
     uploaded: bool
     error: str = ""
+    attempts: int = 0
+    """Failed attempts so far (0: never failed, or a status file written before the retry policy)."""
+    first_failed: float = 0.0
+    last_attempt: float = 0.0
+    next_attempt: float = 0.0
+    """Not retried before this time (epoch seconds); 0: at the next pass."""
+    gave_up: bool = False
+    """Past the retry policy's maximum age, its events went to `failed/`: settled, not loaded."""
+
+    @property
+    def settled(self) -> bool:
+        """Nothing left to do for the pair: uploaded, or given up (its events are in `failed/`)."""
+        return self.uploaded or self.gave_up
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"uploaded": self.uploaded, "error": self.error}
+        if self.attempts or self.gave_up:
+            data.update(
+                attempts=self.attempts,
+                first_failed=self.first_failed,
+                last_attempt=self.last_attempt,
+                next_attempt=self.next_attempt,
+            )
+        if self.gave_up:
+            data["gave_up"] = True
+        return data
+
+    @classmethod
+    def from_json(cls, entry: dict[str, Any]) -> PairStatus:
+        """Reads an entry; counters of a wrong type (a hand-edited file) read as 0."""
+        return cls(
+            bool(entry.get("uploaded")),
+            str(entry.get("error") or ""),
+            int(_number(entry.get("attempts"))),
+            _number(entry.get("first_failed")),
+            _number(entry.get("last_attempt")),
+            _number(entry.get("next_attempt")),
+            entry.get("gave_up") is True,
+        )
+
+    def failed_again(self, later: PairStatus) -> PairStatus:
+        """This failed pair after `later`, another failed attempt: counters added up."""
+        firsts = [t for t in (self.first_failed, later.first_failed) if t > 0]
+        return PairStatus(
+            False,
+            later.error,
+            self.attempts + max(later.attempts, 1),
+            min(firsts) if firsts else 0.0,
+            max(self.last_attempt, later.last_attempt),
+            max(self.next_attempt, later.next_attempt),
+        )
+
+
+def _number(value: Any) -> float:
+    # bool is an int: `true` is not a time.
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 LogStatus = dict[str, dict[str, PairStatus]]
@@ -53,18 +114,13 @@ def parse_status(raw: Any) -> LogStatus:
         if not isinstance(tables, dict):
             continue
         status[dest_id] = {
-            table: PairStatus(bool(entry.get("uploaded")), str(entry.get("error") or ""))
-            for table, entry in tables.items()
-            if isinstance(entry, dict)
+            table: PairStatus.from_json(entry) for table, entry in tables.items() if isinstance(entry, dict)
         }
     return status
 
 
 def status_to_json(status: LogStatus) -> dict[str, dict[str, dict[str, Any]]]:
-    return {
-        dest_id: {table: {"uploaded": s.uploaded, "error": s.error} for table, s in tables.items()}
-        for dest_id, tables in status.items()
-    }
+    return {dest_id: {table: s.to_json() for table, s in tables.items()} for dest_id, tables in status.items()}
 
 
 def write_status(log: Path, status: LogStatus) -> None:
@@ -99,16 +155,29 @@ def uploaded_tables(status: LogStatus, dest_id: str) -> frozenset[str]:
 
 
 def all_uploaded(status: LogStatus) -> bool:
-    """True when every recorded pair is uploaded: the log can go to the archive."""
-    return all(s.uploaded for tables in status.values() for s in tables.values())
+    """True when every recorded pair is settled (uploaded or given up): the log can go to the archive."""
+    return all(s.settled for tables in status.values() for s in tables.values())
+
+
+def processed(status: LogStatus, dest_id: str) -> bool:
+    """Whether a pass processed the log for `dest_id` (its template failures are written then):
+    it has a table entry, or none at all; a destination never reached has only a failed ''."""
+    tables = status.get(dest_id)
+    if tables is None:
+        return False
+    return any(table != "" or pair.settled for table, pair in tables.items()) or not tables
 
 
 def merge_status(old: LogStatus, new: LogStatus) -> LogStatus:
-    """`old` updated with this pass's outcomes; an uploaded pair never goes back to failed."""
+    """`old` updated with this pass's outcomes: a settled pair never goes back to failed, and a pair
+    failing again keeps counting its attempts from its first failure (`PairStatus.failed_again`)."""
     merged = {dest_id: dict(tables) for dest_id, tables in old.items()}
     for dest_id, tables in new.items():
         into = merged.setdefault(dest_id, {})
         for table, outcome in tables.items():
-            if not (table in into and into[table].uploaded):
+            before = into.get(table)
+            if before is None or (not before.settled and outcome.settled):
                 into[table] = outcome
+            elif not before.settled:
+                into[table] = before.failed_again(outcome)
     return merged

@@ -213,6 +213,17 @@ class PipelineMetrics:
         with self._lock:
             self._sample.count("stream_retries", (dest_id,))
 
+    def retention_removed(self, directory: str, files: int, size: int) -> None:
+        """One retention run over `archive` or `failed` (`logs.retention`): files and bytes removed."""
+        with self._lock:
+            self._sample.count("retention_removed_files", (directory,), files)
+            self._sample.count("retention_removed_bytes", (directory,), size)
+
+    def retry_gave_up(self, dest_id: str, events: int) -> None:
+        """Events sent to `failed/` because the retry policy's maximum age was over (batch and stream)."""
+        with self._lock:
+            self._sample.count("retry_gave_up_events", (dest_id,), events)
+
     def sample(self) -> Sample:
         with self._lock:
             copy = Sample()
@@ -533,10 +544,13 @@ def process_snapshots(log_path: Path) -> Snapshots:
 def record_pass(log_path: Path, result: JobResult, seconds: float) -> None:
     """Counts a pass over at least one log (rows per destination and table) and records each
     destination's last load and error (`ops.state`), written at once."""
-    if not (result.pairs or result.archived or result.kept or result.deleted_empty):
-        return  # nothing was waiting: not a pass worth a histogram sample
+    read = len(result.kept) > len(result.waiting)  # `waiting`: logs whose retries are not due (not read)
+    if not (result.pairs or result.archived or read or result.deleted_empty):
+        return  # nothing was waiting, or nothing due: not a pass worth a histogram sample
     metrics = pipeline_metrics()
     metrics.batch_pass(seconds, ok=result.ok)
+    for dest_id, events in sorted(result.gave_up.items()):
+        metrics.retry_gave_up(dest_id, events)
     loaded: dict[str, int] = {}
     for (dest_id, table), pair in sorted(result.pairs.items()):
         rows = 0 if pair.error else pair.rows

@@ -39,7 +39,7 @@ from eventspark.logs.replay import replay_destination
 from eventspark.logs.status import LogStatus, read_status
 from eventspark.ops.metrics import pipeline_metrics
 from eventspark.ops.state import read_state
-from eventspark.stream.queue import OFFSETS_FILE, queue_dir
+from eventspark.stream.queue import OFFSETS_FILE, queue_dir, read_retry_state
 from eventspark.stream.segments import FRAME, MAGIC, MAX_RECORD, list_segments, segment_name
 
 BUDGET_BYTES = 32 * 1024 * 1024
@@ -76,6 +76,14 @@ class DestinationStatus:
     """Age of the newest loaded event's `_timestamp` (stream destinations)."""
     last_error: str = ""
     last_error_at: float | None = None
+    retry_attempts: int = 0
+    """Consecutive failed delivery attempts (stream: of the micro-batch its worker holds, from
+    `retry.json` in its queue); 0 while deliveries succeed."""
+    retry_oldest_age: float | None = None
+    """Seconds since the first of those failed attempts (the retry policy's age); None: not failing."""
+    retry_pending_pairs: int = 0
+    """Batch: (rotated log, table) pairs that failed and wait for their next attempt (status files);
+    `retry_attempts` is then the most attempts of one of them, `retry_oldest_age` the oldest's age."""
     exact: bool = True
     """False when part of a count is an estimate (more new bytes than one read counts)."""
     _oldest: float | None = field(default=None, repr=False)
@@ -330,17 +338,18 @@ class StatusReader:
             self._budget.left = self._budget.total
             now = time.time() if now is None else now
             found = {d: DestinationStatus(d, dest.mode) for d, dest in self.config.destinations.items()}
-            self._batch({d: s for d, s in found.items() if s.mode == "batch"})
+            self._batch({d: s for d, s in found.items() if s.mode == "batch"}, now)
             for dest_id, status in found.items():
                 if status.mode == "stream":
                     status.queue_events, status.exact, oldest = self._queues.pending(queue_dir(self.log_path, dest_id))
                     status.waiting_since(oldest)
+                    _stream_retry(status, queue_dir(self.log_path, dest_id), now)
                 self._finish(status, now)
             self._lines.forget_unseen()
             self._queues.forget_unseen()
             return list(found.values())
 
-    def _batch(self, found: dict[str, DestinationStatus]) -> None:
+    def _batch(self, found: dict[str, DestinationStatus], now: float) -> None:
         incoming = self.log_path / "incoming"
         batch = {dest_id: self.config.destinations[dest_id] for dest_id in found}
         _secrets, token_dests, default = token_routes(self.config.api_keys, batch)
@@ -356,6 +365,7 @@ class StatusReader:
                 held.append(path.name)
             if not live:
                 status = read_status(path)
+                _batch_retry(status, found, now)
                 dests = tuple(d for d in dests if not _loaded(status, d))
             dests = tuple(d for d in dests if d in found)
             if dests:
@@ -390,7 +400,38 @@ class StatusReader:
             status.last_event_age = max(0.0, now - last_event)
 
 
+def _stream_retry(status: DestinationStatus, directory: Path, now: float) -> None:
+    """The stream worker's failing attempts, from the state it keeps in its queue's directory."""
+    state = read_retry_state(directory)
+    if state is not None:
+        status.retry_attempts = state.attempts
+        status.retry_oldest_age = max(0.0, now - state.first_failure)
+
+
+def storage_usage(log_path: Path) -> dict[str, Any] | None:
+    """Bytes and files of `archive/` and `failed/` as the serving node's retention last measured
+    them (`at`: when; every few minutes and after each pass); None when no node measured them."""
+    from eventspark.logs.retention import read_usage
+
+    return read_usage(log_path)
+
+
 def _loaded(status: LogStatus, dest_id: str) -> bool:
-    """Whether the log's status shows every table of the destination uploaded (none at all: not processed)."""
+    """Whether the log's status shows every table of the destination settled: uploaded, or given up
+    into failed/ (none at all: not processed)."""
     tables = status.get(dest_id)
-    return tables is not None and all(pair.uploaded for pair in tables.values())
+    return tables is not None and all(pair.settled for pair in tables.values())
+
+
+def _batch_retry(status: LogStatus, found: dict[str, DestinationStatus], now: float) -> None:
+    """Adds the failed pairs of a rotated log's status file to its destinations' retry state."""
+    for dest_id, tables in status.items():
+        into = found.get(dest_id)
+        for pair in tables.values() if into is not None else ():
+            if pair.settled or not pair.attempts:
+                continue
+            into.retry_pending_pairs += 1
+            into.retry_attempts = max(into.retry_attempts, pair.attempts)
+            if pair.first_failed > 0:
+                age = max(0.0, now - pair.first_failed)
+                into.retry_oldest_age = max(into.retry_oldest_age or 0.0, age)

@@ -9,6 +9,7 @@ uncompressed by a crash is compressed when the archive is next opened.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -54,18 +55,36 @@ class StreamArchive:
             self._day = datetime.fromtimestamp(self.path.stat().st_mtime, UTC).date()
         self.rotate_if_due()
 
-    def append(self, lines: list[bytes], now: datetime | None = None) -> None:
-        """Appends event lines (without newlines) with one write."""
+    def append(self, lines: list[bytes], now: datetime | None = None, sync: bool = False) -> None:
+        """Appends event lines (without newlines) with one write, whole or not at all (a full disk
+        leaves no torn line); with `sync` (`server.fsync`), on disk before returning."""
         if not lines:
             return
         self.rotate_if_due(now)
+        created = False
         if self._fd is None:
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+            created = not self.path.exists()
             self._fd = os.open(self.path, flags, 0o644)
+        fd = self._fd
+        start = os.fstat(fd).st_size
         data = b"\n".join(lines) + b"\n"
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if sync:
+                os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):  # the original error is the one worth reporting
+                os.ftruncate(fd, start)
+            raise
+        if sync and created:  # the new file's name too
+            dir_fd = os.open(self.archive_dir, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
         self._day = (now or datetime.now(UTC)).date()
 
     def rotate_if_due(self, now: datetime | None = None) -> Path | None:

@@ -13,13 +13,15 @@ import logging
 from pathlib import Path
 
 from eventspark.config import LoadedConfig
-from eventspark.config.models import Destination
+from eventspark.config.base import RetrySection
+from eventspark.config.models import Config, Destination
 from eventspark.coordination import Coordination, build_coordination
 from eventspark.destinations import build_destination
 from eventspark.destinations.registry import destination_type
 from eventspark.ops.cache import events_cache_for
 from eventspark.ops.cache_results import StreamResults
 from eventspark.recognition.stream import StreamRecognition
+from eventspark.retry import retry_policy
 from eventspark.steps.chain import DestinationChain
 from eventspark.steps.diff import UnmappedRule
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
@@ -29,6 +31,18 @@ from eventspark.stream.queue import QueueReader, queue_dir
 from eventspark.stream.worker import StreamSettings, StreamWorker
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _PolicyDefaults:
+    """What `retry_policy` reads of a config: its `retry:` section, and the node's stream backoff."""
+
+    config: Config
+    stream: StreamSettings
+
+    @property
+    def retry(self) -> RetrySection:
+        return self.config.retry
 
 
 class StreamWorkers:
@@ -107,10 +121,17 @@ class StreamWorkers:
         own = dest.stream
         interval = own.min_insert_interval_sec
         rows = own.min_insert_rows
+        # The retry policy: the destination's `retry:`, else the global one, else this node's
+        # backoff (`stream.retry_min_sec`/`retry_max_sec`, which tests may pass as settings).
+        policy = retry_policy(_PolicyDefaults(self.config, self.settings), dest)
         return dataclasses.replace(
             self.settings,
             min_insert_interval_sec=capabilities.min_insert_interval_sec if interval is None else interval,
             min_insert_rows=capabilities.min_insert_rows if rows is None else rows,
+            retry_min_sec=policy.base_sec,
+            retry_max_sec=policy.max_sec,
+            retry_max_age_sec=policy.max_age_sec,
+            fsync=self.config.server.fsync,
         )
 
     def apply(self, loaded: LoadedConfig, timeout: float | None = 30.0) -> None:

@@ -22,6 +22,13 @@ Files in the directory:
 * `lock.lock` — `flock`ed by the consumer: one consumer per queue.
 * `offsets.json` — the consumer's acknowledged position per writer, `{"<writer>": [segment,
   byte offset]}`, replaced atomically (write + rename) on every acknowledgement.
+* `retry.json` — while deliveries fail, the consumer's retry state (`RetryState`: the first
+  failed attempt since the last success, the attempts, the last error), so that the retry policy's
+  maximum age counts across restarts; deleted by the next success. Read by `eventspark status`
+  and the `eventspark_retry_*` gauges.
+* `recording.json` — while the consumer appends a micro-batch's failed events to its failed log
+  and until it acknowledges them: the log's size before the append (`RecordingMark`), so that a
+  crash in between does not leave the failed lines twice (the batch is delivered again).
 
 Crash safety: each record reaches the OS with one `os.write` before `append` returns (the
 collector answers 200 after that), so killing a writer loses nothing it acknowledged. A writer
@@ -35,6 +42,7 @@ never a loss. The queue is bounded only by the disk.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -54,7 +62,16 @@ from eventspark.stream.segments import (
     try_flock,
 )
 
-__all__ = ["QueueBusy", "QueueReader", "QueueWriter", "queue_dir"]
+__all__ = [
+    "QueueBusy",
+    "QueueReader",
+    "QueueWriter",
+    "RetryState",
+    "clear_retry_state",
+    "queue_dir",
+    "read_retry_state",
+    "write_retry_state",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +79,8 @@ SEGMENT_BYTES = 16 * 1024 * 1024
 READ_CHUNK = 1024 * 1024
 OFFSETS_FILE = "offsets.json"
 CONSUMER_LOCK = "lock.lock"
+RETRY_FILE = "retry.json"
+RECORDING_FILE = "recording.json"
 
 # In-process wake-ups: a writer in the consumer's own process wakes it at once; a writer in
 # another process is noticed by polling.
@@ -92,6 +111,65 @@ def _wakeup(directory: Path) -> threading.Event:
         return event
 
 
+# --- the consumer's retry state ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RetryState:
+    """A stream destination's failing deliveries since its last success (epoch seconds)."""
+
+    first_failure: float
+    attempts: int = 0
+    last_attempt: float = 0.0
+    last_error: str = ""
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "first_failure": self.first_failure,
+                "attempts": self.attempts,
+                "last_attempt": self.last_attempt,
+                "last_error": self.last_error,
+            }
+        )
+
+
+def read_retry_state(directory: Path) -> RetryState | None:
+    """The state in `<directory>/retry.json`; None when absent or unreadable (a new clock then)."""
+    try:
+        raw = orjson.loads((directory / RETRY_FILE).read_bytes())
+        return RetryState(
+            float(raw["first_failure"]),
+            int(raw.get("attempts", 0)),
+            float(raw.get("last_attempt", 0.0)),
+            str(raw.get("last_error", "")),
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, orjson.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        log.warning("queue %s: unreadable %s (%s); the retry age starts again", directory, RETRY_FILE, exc)
+        return None
+
+
+def write_retry_state(directory: Path, state: RetryState, fsync: bool = False) -> None:
+    """Replaces `<directory>/retry.json` atomically."""
+    _replace_file(directory / RETRY_FILE, state.to_json(), fsync)
+
+
+def clear_retry_state(directory: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(directory / RETRY_FILE)
+
+
+def _replace_file(path: Path, data: bytes, fsync: bool) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as out:
+        out.write(data)
+        if fsync:
+            os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
 # --- writing --------------------------------------------------------------------------------------
 
 
@@ -114,6 +192,8 @@ class QueueWriter:
         self._seq = 0
         self._size = 0
         self._fd_lock = threading.Lock()  # fsync runs on the group-commit thread
+        self._syncing = False
+        """Set by the first `fsync` (server.fsync): a segment is then fsynced when it is ended."""
         self._wakeup: threading.Event | None = None
 
     def append(self, data: bytes, lines: int = 1) -> None:
@@ -121,10 +201,10 @@ class QueueWriter:
         records = frame_lines(data)
         if not records:
             return
-        if self._fd is None:
+        if self._lock_fd is None:
             self._open()
-        if self._size >= self.segment_bytes:
-            self._roll_over()
+        elif self._fd is None or self._size >= self.segment_bytes:
+            self._roll_over()  # or a retry after a segment could not be created (disk full)
         self._write(records)
         self.lines += lines
         if self._wakeup is not None:
@@ -148,24 +228,42 @@ class QueueWriter:
         lock_fd = try_flock(self.path / f"{self.writer}.writer.lock")
         if lock_fd is None:
             raise QueueBusy(f"another process writes {self.path} as {self.writer!r}")
-        self._lock_fd = lock_fd
+        self._lock_fd = lock_fd  # kept when the segment below fails: the next append retries it
         seqs = list_segments(self.path).get(self.writer, [])
-        self._new_segment((seqs[-1] if seqs else 0) + 1)
+        self._seq = seqs[-1] if seqs else 0
         self._wakeup = _wakeup(self.path)
+        self._new_segment(self._seq + 1)
 
     def _new_segment(self, seq: int) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
         fd = os.open(self.path / segment_name(self.writer, seq), flags, 0o644)
-        os.write(fd, MAGIC)
+        try:
+            if os.write(fd, MAGIC) != len(MAGIC):
+                raise OSError(errno.ENOSPC, "No space left on device (a segment's magic)")
+        except BaseException:
+            # The number stays taken (a reader may have opened the file): an empty or torn
+            # segment without records is skipped once a later one exists.
+            os.close(fd)
+            self._seq = seq
+            raise
         with self._fd_lock:
             self._fd, self._seq, self._size = fd, seq, len(MAGIC)
 
     def _roll_over(self) -> None:
+        """Ends the current segment, if any, and starts the next. Each step fails whole (disk
+        full): an end marker is written completely or not at all, and after it nothing more goes
+        to that segment, so a failed next segment is only created again by the next append."""
         old = self._fd
-        assert old is not None
-        os.write(old, END_OF_SEGMENT)
+        if old is not None:
+            self._write(END_OF_SEGMENT)
+            with self._fd_lock:
+                self._fd = None
+            try:
+                if self._syncing:  # group commit fsyncs the current segment only: this one now
+                    os.fsync(old)
+            finally:
+                os.close(old)
         self._new_segment(self._seq + 1)
-        os.close(old)
 
     def write(self, data: bytes, lines: int = 1) -> None:
         """`append` under the name of `logs.incoming.AppendOnlyFile.write`."""
@@ -179,6 +277,7 @@ class QueueWriter:
 
     def fsync(self) -> None:
         """Forces appended records to disk; a no-op before the first append or after close."""
+        self._syncing = True
         with self._fd_lock:
             if self._fd is not None:
                 os.fsync(self._fd)
@@ -238,6 +337,7 @@ class QueueReader:
         self._lock_fd = fd
         self._wakeup = _wakeup(self.path)
         offsets = self._load_offsets()
+        self._recover_recording(offsets)
         for writer, (seq, offset) in offsets.items():
             # An offset inside the magic (0, as written by versions whose `rewind` could go there)
             # means the segment's first record.
@@ -383,12 +483,7 @@ class QueueReader:
         for part in self._partitions.values():
             part.acked = (part.seq, part.position)
             offsets[part.writer] = [part.seq, part.position]
-        tmp = self.path / (OFFSETS_FILE + ".tmp")
-        with tmp.open("wb") as out:
-            out.write(orjson.dumps(offsets))
-            if self.fsync:
-                os.fsync(out.fileno())
-        os.replace(tmp, self.path / OFFSETS_FILE)
+        _replace_file(self.path / OFFSETS_FILE, orjson.dumps(offsets), self.fsync)
         self._delete_consumed()
 
     def _delete_consumed(self) -> None:
@@ -401,6 +496,47 @@ class QueueReader:
                     break  # a writer's newest segment stays: its number continues the sequence
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path / segment_name(writer, seq))
+
+    def positions(self) -> dict[str, list[int]]:
+        """What `ack` would record now: the read position per writer."""
+        return {part.writer: [part.seq, part.position] for part in self._partitions.values()}
+
+    def mark_recording(self, failed_log: Path) -> None:
+        """Before appending a micro-batch's failed events to `failed_log`: its size (and inode) now,
+        with the positions the coming `ack` records. A process that dies before that `ack`
+        redelivers the batch, so `open` cuts what it appended (`_recover_recording`)."""
+        try:
+            stat = os.stat(failed_log)
+            size, inode = stat.st_size, stat.st_ino
+        except FileNotFoundError:
+            size, inode = 0, 0  # created by the append: cut back to empty
+        mark = {"path": str(failed_log), "size": size, "inode": inode, "ack": self.positions()}
+        _replace_file(self.path / RECORDING_FILE, orjson.dumps(mark), self.fsync)
+
+    def end_recording(self) -> None:
+        """After the `ack` of a batch `mark_recording` was called for."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path / RECORDING_FILE)
+
+    def _recover_recording(self, offsets: dict[str, tuple[int, int]]) -> None:
+        """A mark left by a process that died while it recorded a batch: when its `ack` did not
+        happen, the failed lines it appended are cut off (the batch is read and fails again).
+        Only this consumer appends to its destination's failed log; a replay moves the file away,
+        and a moved or replaced file (another inode) is left alone."""
+        try:
+            mark = orjson.loads((self.path / RECORDING_FILE).read_bytes())
+            target, size, inode = Path(mark["path"]), int(mark["size"]), int(mark["inode"])
+            acked = {str(w): (int(v[0]), int(v[1])) for w, v in mark["ack"].items()}
+        except FileNotFoundError:
+            return
+        except (orjson.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+            log.warning("queue %s: unreadable %s (%s); ignored", self.path, RECORDING_FILE, exc)
+            self.end_recording()
+            return
+        # Acknowledged then (or later, when the mark outlived its ack): every writer at or past it.
+        if not all(writer in offsets and offsets[writer] >= position for writer, position in acked.items()):
+            _cut_back(target, size, inode)
+        self.end_recording()
 
     def rewind(self) -> None:
         """Forgets what was read since the last `ack` (by any number of `read` calls): the next
@@ -437,6 +573,22 @@ class QueueReader:
             with contextlib.suppress(OSError):
                 os.close(part.fd)
             part.fd = None
+
+
+def _cut_back(path: Path, size: int, inode: int) -> None:
+    """Truncates `path` to `size` bytes when it is still the file the mark was taken of."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        stat = os.fstat(fd)
+        if (inode == 0 or stat.st_ino == inode) and stat.st_size > size:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+            log.warning("%s: cut %d bytes appended by a run that died before its ack", path, stat.st_size - size)
+    finally:
+        os.close(fd)
 
 
 class _CorruptSegment(Exception):

@@ -8,8 +8,21 @@ ones to the streaming archive, and only then acknowledges the batch in the queue
 to the load: while one batch is inserted, the next one queues up.
 
 When the warehouse or the coordination store cannot be reached, the batch stays in memory (and in
-the queue) and is retried with exponential backoff up to `retry_max_sec`; events are never dropped.
-A worker stopped or killed before the acknowledgement redelivers the batch when it starts again.
+the queue) and is retried with the destination's retry policy (`eventspark.retry`: exponential
+backoff from `retry_min_sec` up to `retry_max_sec`). The first failed attempt since the last
+success is kept in the queue's `retry.json`, so the policy's maximum age counts across restarts;
+past it, the rows that still fail go to `failed/` with `gave up after N attempts in H h: <last
+error>` and the worker goes on (and, while the destination keeps failing, so does every batch
+after one failed attempt, until a delivery succeeds). A worker stopped or killed before the
+acknowledgement redelivers the batch when it starts again.
+
+Bugs do not block the queue: a step that raises on an event fails that event alone (the others go
+through the chain again one by one, from their queued lines); a delivery that raises something
+else than a connection error is tried `UNEXPECTED_ATTEMPTS` times, then its rows are split in
+halves down to single rows, and a row that still raises fails with the exception as its reason.
+A local write that fails (a full disk) is retried, the batch's outcome kept in memory: nothing is
+delivered twice for it. With `fsync` (`server.fsync`), the failed lines and the streaming archive
+are on disk before the acknowledgement.
 
 With a minimum insert interval (`min_insert_interval_sec` > 0: ClickHouse by default), micro-batches
 are held in memory, read but not acknowledged, until the interval since the last insert is over, a
@@ -23,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -38,21 +52,37 @@ from eventspark.logs.failed import event_error_line, event_id_of, failed_log_pat
 from eventspark.ops.cache_results import StreamResults
 from eventspark.ops.metrics import pipeline_metrics, record_stream_batch, record_stream_retry
 from eventspark.recognition.stream import StreamRecognition
-from eventspark.steps.chain import DestinationChain, Failure, Row
+from eventspark.retry import DEFAULT_MAX_AGE_HOURS, RetryPolicy, give_up_reason
+from eventspark.steps.chain import ChainResult, DestinationChain, Failure, Row
 from eventspark.steps.context import ensure_event_id
 from eventspark.stream.archive import StreamArchive
 from eventspark.stream.delivery import EventDelivery, TableDelivery
-from eventspark.stream.queue import QueueBusy, QueueReader
+from eventspark.stream.queue import (
+    QueueBusy,
+    QueueReader,
+    RetryState,
+    clear_retry_state,
+    read_retry_state,
+    write_retry_state,
+)
 
 log = logging.getLogger(__name__)
 
 UNREACHABLE = (TransientError, CoordinationError)
 """Errors after which the batch is kept and retried: nothing was decided about its events."""
+TRANSIENT = (*UNREACHABLE, OSError)
+"""Retried by the retry policy: the adapters translate their drivers' errors, so an OSError that
+gets through (a socket error, a timeout) is a connection problem too, not a bug."""
 HELD_EVENTS_FACTOR = 4
 """With a minimum insert interval, a worker holds at most max(min_insert_rows, batch_events) × this
 many events in memory (`StreamSettings.max_held_events`), then inserts without waiting longer."""
 MAX_RETRY_AFTER = 3600.0
 """The longest wait a destination's `Retry-After` can impose on the worker (seconds)."""
+UNEXPECTED_ATTEMPTS = 3
+"""Attempts of a delivery that raises an unexpected exception (neither a connection error nor a
+refusal: a bug, or an error an adapter does not classify) before its rows are isolated."""
+MAX_REASON = 1000
+"""Characters of an exception's text kept in a failed event's reason."""
 _INT_SETTINGS = frozenset({"batch_events", "min_insert_rows"})
 
 
@@ -77,6 +107,15 @@ class StreamSettings:
     min_insert_rows: int = 0
     """With an interval: rows held for one table that trigger the insert before the interval is
     over (0: the interval alone decides)."""
+    retry_max_age_sec: float = DEFAULT_MAX_AGE_HOURS * 3600
+    """The retry policy's maximum age: past it since the first failed attempt, rows go to `failed/`.
+    Per destination (`StreamWorkers.settings_for`), like the backoff: `retry_policy(config, dest)`."""
+    fsync: bool = False
+    """`server.fsync`: failed lines and the streaming archive are fsynced before the acknowledgement."""
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(self.retry_min_sec, max(self.retry_min_sec, self.retry_max_sec), self.retry_max_age_sec)
 
     @property
     def max_held_events(self) -> int:
@@ -89,7 +128,10 @@ class StreamSettings:
         if section is None:
             return cls()
         raw = section if isinstance(section, Mapping) else getattr(section, "model_dump", dict)()
-        known = {k: int(v) if k in _INT_SETTINGS else float(v) for k, v in raw.items() if k in cls.__slots__}
+        known: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key in cls.__slots__ and value is not None:
+                known[key] = bool(value) if key == "fsync" else int(value) if key in _INT_SETTINGS else float(value)
         return cls(**known)
 
 
@@ -100,6 +142,18 @@ class BatchOutcome:
     delivered: list[bytes] = field(default_factory=list)
     failed: list[tuple[bytes, str]] = field(default_factory=list)
     skipped: int = 0
+
+
+@dataclass(slots=True)
+class _Settling:
+    """A delivered batch whose outcome is not recorded and acknowledged yet (`StreamWorker._settle`):
+    kept when a local write fails, so that the retry records it without delivering it again."""
+
+    batch: HeldBatch
+    outcome: BatchOutcome
+    recorded_failed: bool = False
+    recorded_archive: bool = False
+    counted: bool = False
 
 
 @dataclass(slots=True)
@@ -150,6 +204,12 @@ class StreamWorker:
         """Reports outcomes to the events cache (`eventspark.ops.cache_results`); None: disabled."""
         self.recognition: StreamRecognition | None = None
         """Users recognition after each flush (`eventspark.recognition.stream`); None: disabled."""
+        self.policy = self.settings.policy
+        self.clock = time.time
+        """Wall-clock time for the retry state (it outlives the process); tests may replace it."""
+        self.retry: RetryState | None = None
+        """The failing attempts since the last successful delivery (also in the queue's `retry.json`)."""
+        self._settling: _Settling | None = None
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -177,7 +237,9 @@ class StreamWorker:
         # Held events of an earlier run are in the queue again; the interval counts from now, so
         # a restart loop cannot insert more often than the interval allows.
         self._held = HeldBatch()
+        self._settling = None
         self._last_insert = time.monotonic()
+        self.retry = read_retry_state(self.reader.path)
 
     def close(self) -> None:
         self.reader.close()
@@ -190,16 +252,23 @@ class StreamWorker:
     def _run(self) -> None:
         if not self._open_when_free():
             return
+        failures = 0
         try:
             while not self._stop.is_set():
                 try:
                     self.run_once()
+                    failures = 0
                 except _Stopped:
                     return
-                except Exception:  # a bug must not kill the worker silently: log, keep the batch, retry
+                except Exception:
+                    # Delivery and the chain decide bad events themselves: what gets here is local (the
+                    # queue, a full disk under failed/ or archive/) or a bug outside them. A delivered
+                    # batch is kept to be recorded again (`_settling`); anything else is read again.
+                    failures += 1
                     log.exception("stream %s: micro-batch failed; retrying", self.dest_id)
-                    self._rewind()
-                    self._stop.wait(min(5.0, self.settings.retry_max_sec))
+                    if self._settling is None:
+                        self._rewind()
+                    self._stop.wait(self.policy.delay(failures))
         finally:
             self.close()
 
@@ -224,6 +293,8 @@ class StreamWorker:
         """Reads one micro-batch into the held batch; when an insert is due (at once without a
         minimum insert interval), delivers everything held and acknowledges it. None: nothing came
         and nothing was due; an empty outcome: the micro-batch is held."""
+        if self._settling is not None:  # delivered, its recording failed: record it, read nothing new
+            return self._settle()
         room = self.settings.max_held_events - self._held.events
         records = self.reader.read(min(self.settings.batch_events, room), self._held_wait()) if room > 0 else []
         self.archive.rotate_if_due()
@@ -300,10 +371,25 @@ class StreamWorker:
         batch, self._held = self._held, HeldBatch()
         self._last_insert = time.monotonic()
         outcome = self._deliver_all(batch)
-        self._record(outcome)
+        self._settling = _Settling(batch, outcome)
+        return self._settle()
+
+    def _settle(self) -> BatchOutcome:
+        """Records the delivered batch's outcome and acknowledges it; raising (a full disk) keeps it
+        in `_settling` for the next try, each step done only once."""
+        settling = self._settling
+        assert settling is not None
+        batch, outcome = settling.batch, settling.outcome
+        self._record(settling)
         if self.recognition is not None:  # its ids before the ack (never read again after it)...
-            self.recognition.delivered(batch.tables, {id(line) for line, _ in outcome.failed})
+            try:
+                self.recognition.delivered(batch.tables, {id(line) for line, _ in outcome.failed})
+            except Exception:  # recognition is best effort: it must not hold the events up
+                log.exception("stream %s: users recognition failed for a batch", self.dest_id)
         self.reader.ack()
+        self._settling = None
+        if outcome.failed:
+            self.reader.end_recording()
         if self.recognition is not None:  # ...its updates after: they never hold the queue up
             self.recognition.run_if_due(self.delivery.adapter)
         log.debug("stream %s: inserted %d held events in %d tables", self.dest_id, batch.events, len(batch.tables))
@@ -314,10 +400,10 @@ class StreamWorker:
         self._held = HeldBatch()
         self.reader.rewind()
 
-    def _run_chain_many(self, records: list[bytes]) -> list[tuple[bytes, Row | list[Row] | Failure | None]]:
+    def _run_chain_many(self, records: list[bytes]) -> list[tuple[bytes, ChainResult]]:
         """Each line with the chain's result; the events go through the chain together (a
         transform's engine then takes many per round trip), each failing alone."""
-        results: list[tuple[bytes, Row | list[Row] | Failure | None]] = []
+        results: list[tuple[bytes, ChainResult]] = []
         events: list[dict[str, Any]] = []
         lines: list[bytes] = []
         for line in records:
@@ -327,8 +413,23 @@ class StreamWorker:
             else:
                 events.append(event)
                 lines.append(line)
-        results.extend(zip(lines, self.chain.process_many(events), strict=True))
+        try:
+            chained = self.chain.process_many(events)
+        except Exception:  # a bug on some event: each again alone, from its line (the chain changed it)
+            log.exception("stream %s: the steps raised on a micro-batch; running its events one by one", self.dest_id)
+            chained = [self._chain_alone(line) for line in lines]
+        results.extend(zip(lines, chained, strict=True))
         return results
+
+    def _chain_alone(self, line: bytes) -> ChainResult:
+        """The chain's result for one event; an exception fails that event with the reason."""
+        event = self._parse(line)
+        if type(event) is Failure:
+            return event
+        try:
+            return self.chain.process(event)
+        except Exception as exc:
+            return Failure(_reason("the pipeline steps failed on this event", exc))
 
     @staticmethod
     def _parse(line: bytes) -> dict[str, Any] | Failure:
@@ -341,54 +442,138 @@ class StreamWorker:
         ensure_event_id(event, line)  # a replayed line may have none: a deterministic one
         return event
 
-    def _deliver(self, table: str, rows: list[Row]) -> list[str | None]:
-        delay = self.settings.retry_min_sec
+    def _deliver(self, table: str, rows: list[Row], unexpected_budget: int = UNEXPECTED_ATTEMPTS) -> list[str | None]:
+        """Per row, None when delivered, else why it failed. Connection errors are retried by the
+        retry policy until its maximum age (`_failed_attempt`); any other exception is tried
+        `unexpected_budget` times, then the rows are isolated (`_isolate`)."""
         decided: dict[int, str | None] = {}
-        pending: list[int] = []  # positions in `rows` not decided yet (once something was decided)
+        pending = list(range(len(rows)))  # positions in `rows` not decided yet
+        unexpected = 0
         while True:
+            current = [rows[i] for i in pending] if decided else rows
             try:
-                errors = self.delivery.deliver(table, rows if not decided else [rows[i] for i in pending])
+                errors = self.delivery.deliver(table, current)
                 pipeline_metrics().stream_insert(self.dest_id)
+                self._succeeded()
                 break
-            except UNREACHABLE as exc:
-                record_stream_retry(self.failed_path.parent.parent, self.dest_id, f"{table}: {exc}")
-                wait = delay
+            except TRANSIENT as exc:
                 if isinstance(exc, PartlyDelivered):  # retry only the events not decided yet
-                    if not decided:
-                        pending = list(range(len(rows)))
                     for position, error in exc.decided.items():
                         decided[pending[position]] = error
                     pending = [i for i in pending if i not in decided]
+                if not pending:
+                    errors = []
+                    break
+                wait = self._failed_attempt(table, exc)
+                if wait is None:  # past the maximum age: these rows go to failed/
+                    errors = [self._give_up_reason(exc)] * len(pending)
+                    self._gave_up(table, len(pending))
+                    break
+                if isinstance(exc, PartlyDelivered):
                     # The service's Retry-After is honoured even beyond retry_max_sec (up to an hour).
-                    wait = max(delay, min(exc.retry_after, MAX_RETRY_AFTER))
+                    wait = max(wait, min(exc.retry_after, MAX_RETRY_AFTER))
                 log.warning("stream %s/%s: %s; retrying in %.1f s", self.dest_id, table, exc, wait)
+            except Exception as exc:  # a bug, or an error the adapter does not classify
+                unexpected += 1
+                record_stream_retry(self._log_path, self.dest_id, _reason(table, exc))
+                if unexpected >= unexpected_budget:
+                    errors = self._isolate(table, current, exc)
+                    break
+                wait = self.policy.delay(unexpected)
+                log.exception("stream %s/%s: delivery raised; retrying in %.1f s", self.dest_id, table, wait)
             with contextlib.suppress(Exception):
                 self.delivery.adapter.close()  # reconnect from scratch on the next attempt
             self.delivery.forget(table)
             if self._stop.wait(wait):
                 raise _Stopped
-            delay = min(delay * 2, self.settings.retry_max_sec)
-        if not decided:
-            return errors
         decided.update(zip(pending, errors, strict=True))
         return [decided[i] for i in range(len(rows))]
 
-    def _record(self, outcome: BatchOutcome) -> None:
+    def _isolate(self, table: str, rows: list[Row], exc: Exception) -> list[str | None]:
+        """Rows whose delivery keeps raising: halves delivered apart (each tried once more), down to
+        single rows; a single row that raises fails with the exception as its reason."""
+        if len(rows) == 1:
+            log.error("stream %s/%s: delivering an event raised %r; it goes to failed/", self.dest_id, table, exc)
+            return [_reason("delivering this event raised", exc)]
+        middle = len(rows) // 2
+        return self._deliver(table, rows[:middle], 1) + self._deliver(table, rows[middle:], 1)
+
+    # --- the retry policy -------------------------------------------------------------------------
+
+    @property
+    def _log_path(self) -> Path:
+        # `failed_path` is <log.path>/failed/failed.dst=<id>.log: the records go under <log.path>/state.
+        return self.failed_path.parent.parent
+
+    def _failed_attempt(self, table: str, exc: Exception) -> float | None:
+        """Counts a failed attempt (kept in the queue's `retry.json`); the wait before the next one,
+        never past the maximum age, or None when the maximum age is over."""
+        record_stream_retry(self._log_path, self.dest_id, f"{table}: {exc}")
+        now = self.clock()
+        state = self.retry or RetryState(first_failure=now)
+        state.attempts += 1
+        state.last_attempt = now
+        state.last_error = _reason(table, exc)
+        self.retry = state
+        try:
+            write_retry_state(self.reader.path, state, self.settings.fsync)
+        except OSError as write_error:  # a full disk: the age counts in memory meanwhile
+            log.warning("stream %s: cannot write the retry state: %s", self.dest_id, write_error)
+        if self.policy.expired(state.first_failure, now):
+            return None
+        left = state.first_failure + self.policy.max_age_sec - now
+        return max(0.0, min(self.policy.delay(state.attempts), left))
+
+    def _give_up_reason(self, exc: Exception) -> str:
+        state = self.retry
+        assert state is not None
+        error = str(exc)
+        error = error if len(error) <= MAX_REASON else error[:MAX_REASON] + "..."
+        return give_up_reason(state.attempts, state.first_failure, state.last_attempt, error)  # as batch's
+
+    def _gave_up(self, table: str, events: int) -> None:
+        pipeline_metrics().retry_gave_up(self.dest_id, events)
+        log.error(
+            "stream %s/%s: %d rows failed for longer than %.3g h; they go to failed/ (replay them)",
+            self.dest_id,
+            table,
+            events,
+            self.policy.max_age_sec / 3600,
+        )
+
+    def _succeeded(self) -> None:
+        """A delivery went through: the retry clock starts again at the next failure."""
+        if self.retry is None:
+            return
+        self.retry = None
+        try:
+            clear_retry_state(self.reader.path)
+        except OSError as exc:
+            log.warning("stream %s: cannot remove the retry state: %s", self.dest_id, exc)
+
+    # --- recording outcomes -----------------------------------------------------------------------
+
+    def _record(self, settling: _Settling) -> None:
         """Failed events to `failed/`, delivered ones to the archive: before the acknowledgement,
-        so a crash in between repeats them rather than losing them."""
-        if outcome.failed:
-            self.failed_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.failed_path.open("ab") as out:
-                out.write(b"".join(_error_line(line, error) for line, error in outcome.failed))
+        so a crash in between repeats them rather than losing them (the failed lines are cut back
+        then: `QueueReader.mark_recording`). Each step once, however often a full disk makes it raise."""
+        outcome = settling.outcome
+        if outcome.failed and not settling.recorded_failed:
+            self.reader.mark_recording(self.failed_path)
+            data = b"".join(_error_line(line, error) for line, error in outcome.failed)
+            _append(self.failed_path, data, self.settings.fsync)
+            settling.recorded_failed = True
             for line, error in outcome.failed[:3]:
                 log.warning("stream %s: event failed: %s (%.200r)", self.dest_id, error, line)
-        self.archive.append(outcome.delivered)
-        self.delivered += len(outcome.delivered)
-        self.failed += len(outcome.failed)
-        self.skipped += outcome.skipped
-        # `failed_path` is <log.path>/failed/failed.dst=<id>.log: the records go under <log.path>/state.
-        log_path = self.failed_path.parent.parent
-        record_stream_batch(log_path, self.dest_id, outcome.delivered, len(outcome.failed), outcome.skipped)
+        if not settling.recorded_archive:
+            self.archive.append(outcome.delivered, sync=self.settings.fsync)
+            settling.recorded_archive = True
+        if not settling.counted:
+            settling.counted = True
+            self.delivered += len(outcome.delivered)
+            self.failed += len(outcome.failed)
+            self.skipped += outcome.skipped
+            record_stream_batch(self._log_path, self.dest_id, outcome.delivered, len(outcome.failed), outcome.skipped)
 
     def wait_idle(self, timeout: float) -> bool:
         """Waits until the queue is consumed (tests and benchmarks); False on timeout."""
@@ -398,6 +583,45 @@ class StreamWorker:
                 return True
             time.sleep(0.01)
         return False
+
+
+def _reason(what: str, exc: BaseException) -> str:
+    """`<what>: <exception type>: <its text>`, the text cut to MAX_REASON characters."""
+    text = str(exc)
+    if len(text) > MAX_REASON:
+        text = text[:MAX_REASON] + "..."
+    return f"{what}: {type(exc).__name__}: {text}"
+
+
+def _append(path: Path, data: bytes, sync: bool) -> None:
+    """Appends `data` to `path` whole or not at all (a full disk leaves no torn line); with `sync`,
+    on disk before returning (the directory too when the file is new)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if sync:
+                os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):  # the original error is the one worth reporting
+                os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
+    if sync and start == 0:
+        _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _error_line(line: bytes, error: str) -> bytes:

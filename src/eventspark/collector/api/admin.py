@@ -13,6 +13,7 @@ from eventspark.collector.metrics import CONTENT_TYPE as METRICS_TYPE
 from eventspark.collector.metrics import render
 from eventspark.config.sources import sources_status
 from eventspark.coordination.base import CoordinationError
+from eventspark.ops.status import storage_usage
 
 
 async def ping(app: Collector, request: Request) -> Response:
@@ -52,6 +53,9 @@ async def status(app: Collector, request: Request) -> Response:
     sources = sources_status(app.log_path)  # api_keys / destinations given as URLs: last reload
     if sources is not None:
         body["config_sources"] = sources
+    storage = storage_usage(app.log_path)  # archive/ and failed/ sizes, measured by the retention
+    if storage is not None:
+        body["storage"] = storage
     return json_response(body)
 
 

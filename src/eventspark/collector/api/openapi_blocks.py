@@ -15,7 +15,8 @@ ERRORS = {
     403: "The token may not use this destination",
     404: "Not found",
     409: "Conflicts with the current state (e.g. already done)",
-    413: "Body larger than the limit (`server.max_event_size`); the connection is closed",
+    413: "Body larger than the limit (`server.max_event_size`); read to its end first (up to 64 MiB or 10 s, "
+    "else the connection is closed)",
     422: "No destination is configured for the token",
     429: "Too many such requests at once",
     501: "Not implemented in this version",

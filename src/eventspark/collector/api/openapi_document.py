@@ -2,7 +2,7 @@
 
 One entry per (path, method) of `eventspark.collector.routes.ROUTES`, plus the ad-blocker-proof
 random URL `/api.<anything>`; `tests/api/test_openapi.py` fails when the two drift apart, and
-`tests/api/test_fuzz.py` fuzzes a running `serve` from this document with schemathesis.
+`tests/faults/test_fuzz.py` fuzzes a running `serve` from this document with schemathesis.
 Status codes are the ones each endpoint answers; every error answer is `Error`.
 """
 

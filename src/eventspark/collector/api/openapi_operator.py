@@ -191,7 +191,14 @@ def _status() -> Schema:
     answer = {
         "type": "object",
         "required": ["destinations"],
-        "properties": {"destinations": {"type": "array", "items": destination}},
+        "properties": {
+            "destinations": {"type": "array", "items": destination},
+            "storage": {
+                "type": "object",
+                "description": "bytes and files of archive/ and failed/ as the retention last measured "
+                "them (`at`: unix seconds), with what it removed then; absent before its first run",
+            },
+        },
     }
     return operation(
         "getStatus",

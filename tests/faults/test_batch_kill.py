@@ -1,0 +1,177 @@
+"""kill -9 of a batch pass at each step, then a rerun: every event once in the warehouse (the
+machine's Postgres, a fresh schema, and DuckDB), every failed event once in `failed/`.
+
+The pass runs in a process of its own (tests/faults/batch_runner.py, its own Spark `local[1]`)
+that is killed with SIGKILL, so no `finally` and no clean-up runs: (a) while a Spark task is in
+progress, its rows staged; (b) between stage and commit (`fault("staged")`); (c) between a pair's
+commit and the settling of its failed events (`fault("pair committed")`), and between the commits
+and the status files (`fault("committed")`). The rerun is a pass in this process.
+
+The logs hold events that load, events that fail the template, values that fail a column's cast,
+and a table whose every event fails (no commit at all for it: only the status file knows it was
+done, so a crash before that file must not write its failed lines twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from eventspark.batch.process import run_pass
+from eventspark.coordination import MemoryCoordination
+from eventspark.logs.status import status_path
+from tests.batch.helpers import duck_rows, duckdb_destination, event, failed_lines, make_config, put_log
+from tests.conftest import pg_conninfo
+
+pytestmark = pytest.mark.spark
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = "{{.event_type}}{{if .broken}}{{.broken.deeper.Format}}{{end}}"
+LAYOUT = {"mappings": {"keep_unmapped": True, "fields": [{"src": "/n", "action": "cast", "type": "bigint"}]}}
+LOADED, MISFITS, TEMPLATE_FAILURES, ALL_FAILING = 40, 6, 4, 5
+DESTINATIONS = ("dd", "pg")
+RUNNER_TIMEOUT = 120
+
+
+def log_events(part: int) -> list[dict[str, Any]]:
+    """Half of the events (part 0 or 1): rows of table t, misfits of its bigint column n, template
+    failures, and every event of table `only_failures` (all misfits)."""
+    events = [event(f"ok-{i}", event_type="t", n=i) for i in range(part, LOADED, 2)]
+    events += [event(f"misfit-{i}", event_type="t", n=f"seven-{i}") for i in range(part, MISFITS, 2)]
+    events += [event(f"template-{i}", event_type="t", broken={"deeper": i}) for i in range(part, TEMPLATE_FAILURES, 2)]
+    events += [event(f"only-{i}", event_type="only_failures", n=f"x{i}") for i in range(part, ALL_FAILING, 2)]
+    return events
+
+
+def expected_failures() -> Counter[str]:
+    ids = [f"misfit-{i}" for i in range(MISFITS)] + [f"template-{i}" for i in range(TEMPLATE_FAILURES)]
+    return Counter(ids + [f"only-{i}" for i in range(ALL_FAILING)])
+
+
+def pg_ids(schema: str, table: str = "t") -> list[str]:
+    """The event ids in a Postgres table; [] before it exists."""
+    with psycopg.connect(pg_conninfo()) as conn:
+        try:
+            return [r[0] for r in conn.execute(f'SELECT eventn_ctx_event_id FROM "{schema}"."{table}"').fetchall()]
+        except psycopg.errors.UndefinedTable:
+            return []
+
+
+def duck_ids(root: Path) -> list[str]:
+    if not (root / "events" / "warehouse.duckdb").exists():
+        return []
+    found = duck_rows(root, "SELECT table_name FROM information_schema.tables WHERE table_name = 't'")
+    return [r[0] for r in duck_rows(root, "SELECT eventn_ctx_event_id FROM t")] if found else []
+
+
+def exactly_once(ids: list[str]) -> int:
+    """How many ids occur exactly once."""
+    return sum(1 for count in Counter(ids).values() if count == 1)
+
+
+def start_runner(root: Path, step: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """The pass's process, in a process group of its own (its Spark JVM and Python workers)."""
+    signals = root / "signals"
+    signals.mkdir()
+    spark_env = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
+    env = {k: v for k, v in os.environ.items() if k not in spark_env}
+    env["PYTHONPATH"] = f"{REPO / 'src'}:{REPO}"
+    command = [sys.executable, "-m", "tests.faults.batch_runner", str(root / "eventspark.yaml"), step, str(signals)]
+    output = (root / "runner.log").open("wb")
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    output.close()
+    return process, signals
+
+
+def wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            pytest.fail(f"the batch runner ended ({process.returncode}) before {path.name}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {path.name} after {timeout} s")
+        time.sleep(0.05)
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to the runner's process group: whatever of it is still alive (JVM, workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def kill_pass(root: Path, step: str) -> None:
+    """Runs the pass in its own process until it is killed with SIGKILL at `step`."""
+    process, signals = start_runner(root, step)
+    try:
+        if step == "executors":
+            wait_for(signals / "task-staged", process, RUNNER_TIMEOUT)
+            staged = [p for p in (root / "events" / "staging").rglob("*") if p.is_file()]
+            assert staged, "a task reported its rows staged, yet no staging file exists"
+            os.kill(process.pid, signal.SIGKILL)
+        process.wait(RUNNER_TIMEOUT)
+    finally:
+        kill_group(process)
+        process.wait()
+    assert process.returncode == -signal.SIGKILL, (root / "runner.log").read_text()[-3000:]
+
+
+@pytest.mark.parametrize("step", ["executors", "staged", "pair committed", "committed"])
+def test_a_pass_killed_at_each_step_then_rerun_leaves_every_event_once(
+    spark: Any, tmp_path: Path, pg_datasource: dict[str, Any], figure: Any, step: str
+) -> None:
+    destinations = {
+        "dd": duckdb_destination(template=TEMPLATE, **LAYOUT),
+        "pg": {
+            "type": "postgres",
+            "datasource": pg_datasource,
+            "data_layout": {"table_name_template": TEMPLATE, **LAYOUT},
+        },
+    }
+    loaded = make_config(tmp_path, destinations)
+    logs = [put_log(tmp_path, log_events(part)) for part in (0, 1)]
+    schema = pg_datasource["schema"]
+    events = sum(len(log.read_bytes().splitlines()) for log in logs)
+
+    kill_pass(tmp_path, step)
+
+    assert all(log.exists() and not status_path(log).exists() for log in logs)
+    committed = {"pg": len(pg_ids(schema)), "dd": len(duck_ids(tmp_path))}
+    if step in ("executors", "staged"):
+        assert committed == {"pg": 0, "dd": 0}, "killed before any commit, yet rows are in the warehouse"
+    elif step == "committed":
+        assert committed == {"pg": LOADED, "dd": LOADED}, "killed after the commits, yet rows are missing"
+    else:  # the first pair in order, dd/t, was committed; its misfits wait, parked
+        assert committed["dd"] == LOADED
+        assert any((tmp_path / "events" / "failed" / "pending").iterdir())
+
+    result = run_pass(loaded, MemoryCoordination("rerun"), session=spark)
+
+    assert result.ok and not any(log.exists() for log in logs)
+    expected_rows = Counter(f"ok-{i}" for i in range(LOADED))
+    assert Counter(pg_ids(schema)) == expected_rows
+    assert Counter(duck_ids(tmp_path)) == expected_rows
+    assert pg_ids(schema, "only_failures") == []
+    for dest_id in DESTINATIONS:
+        written = Counter(line["event_id"] for line in failed_lines(tmp_path, dest_id))
+        twice = sorted(event_id for event_id, count in written.items() if count > 1)
+        assert twice == [], f"{dest_id}: failed lines written more than once: {twice}"
+        assert written == expected_failures(), dest_id
+    assert list((tmp_path / "events" / "failed" / "pending").glob("*")) == []
+    once = min(exactly_once(pg_ids(schema)), exactly_once(duck_ids(tmp_path)))
+    failed_once = min(exactly_once([line["event_id"] for line in failed_lines(tmp_path, d)]) for d in DESTINATIONS)
+    figure(
+        f"killed at {step}: events {events} (each to Postgres and DuckDB), in the warehouse once {once}, "
+        f"failed lines once {failed_once}"
+    )
