@@ -7,8 +7,10 @@ Once the first failure is older than `max_age_hours`, the events go to `events/f
 last error, once; a replay brings them back.
 
 Batch: the attempts of each (rotated log, destination, table) live in the log's status file
-(`logs.status.PairStatus`), so the policy holds across passes and restarts. Stream: the worker
-counts the attempts of the micro-batch it holds.
+(`logs.status.PairStatus`), so the policy holds across passes and restarts. Stream: one clock per
+destination, from the first failed attempt after its last progress, in the queue's `retry.json`
+(`stream.queue.RetryState`), so it holds across restarts too; past the maximum age the rows held
+give up, and later ones get a few attempts each until a delivery succeeds (`stream.worker`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ DEFAULT_MAX_AGE_HOURS = 3 * DAY_HOURS
 """A long weekend of outage is retried; past it, the events wait in `failed/` for a replay."""
 BATCH_BASE_SEC = 60.0
 BATCH_MAX_SEC = 3600.0
+EARLY_FRACTION = 0.1
+"""A batch retry is due this fraction of its back-off early (`due`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,14 @@ def retry_policy(config: Any, dest: Any) -> RetryPolicy:
     return RetryPolicy(
         base, max(base, pick("max_sec", max_default)), pick("max_age_hours", DEFAULT_MAX_AGE_HOURS) * 3600
     )
+
+
+def due(last_attempt: float, next_attempt: float, now: float) -> bool:
+    """Whether a batch pair's retry is due at `now`. Passes come every `uploader_period_sec` after
+    the previous one ends, or from cron, with some jitter: a pass a few seconds before
+    `next_attempt` retries (up to `EARLY_FRACTION` of the back-off early) rather than leaving the
+    pair a whole period more (the default base equals the default period)."""
+    return now >= next_attempt - EARLY_FRACTION * max(0.0, next_attempt - last_attempt)
 
 
 def give_up_reason(attempts: int, first_failed: float, now: float, last_error: str) -> str:

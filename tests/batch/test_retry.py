@@ -96,12 +96,12 @@ def test_back_off_is_respected_and_a_recovered_pair_loads_each_event_once(spark:
     assert 'eventspark_retry_pending_pairs{destination="dd"} 1.0' in gauges
 
     loads = warehouse.loads
-    early = run(spark, loaded, T0 + 109, warehouse)  # before next_attempt: the log is not even read
+    early = run(spark, loaded, T0 + 108, warehouse)  # before next_attempt: the log is not even read
 
     assert early.waiting == [log] and early.kept == [log] and not early.pairs
     assert warehouse.loads == loads and read_status(log)["dd"]["t"] == pair
 
-    second = run(spark, loaded, T0 + 110, warehouse)
+    second = run(spark, loaded, T0 + 109, warehouse)  # a tenth of the back-off early: due (jitter)
     third = run(spark, loaded, T0 + 120, warehouse)  # 10 s later: the back-off doubled to 20 s
     fourth = run(spark, loaded, T0 + 130, warehouse)
 

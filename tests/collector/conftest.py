@@ -151,5 +151,35 @@ def kill_all(servers: list[Server]) -> None:
             server.process.wait()
 
 
+def child_pids(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (a serving process's collector workers)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def post_numbered(client: httpx.Client, kind: int, ids: list[int], js: str, s2s: str, pad: str) -> int:
+    """Posts events `{"n": id, "pad": pad}` (load of the fault tests); the status. `kind` 0: one
+    event to the JS endpoint (token `js`), 1: one to the s2s endpoint, 2: all `ids` as a bulk upload."""
+    if kind == 0:
+        return client.post(f"/api/v1/event?token={js}", json={"n": ids[0], "pad": pad}).status_code
+    if kind == 1:
+        headers = {"X-Auth-Token": s2s}
+        return client.post("/api/v1/s2s/event", json={"n": ids[0], "pad": pad}, headers=headers).status_code
+    body = b"".join(orjson.dumps({"n": n, "pad": pad}) + b"\n" for n in ids)
+    return client.post(f"/api/v1/events/bulk?token={s2s}", content=body).status_code
+
+
+def logged_numbers(server: Server) -> list[int]:
+    """The `n` of every line of every incoming log (a torn line fails the parse)."""
+    return [orjson.loads(line)["n"] for path in server.log_files() for line in path.read_bytes().splitlines()]
+
+
 def fixture_json(name: str) -> Any:
     return orjson.loads((TESTDATA / name).read_bytes())

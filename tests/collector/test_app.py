@@ -15,6 +15,7 @@ import pytest
 
 from eventspark.collector.app import CollectorApp
 from eventspark.config.models import Config
+from eventspark.stream.queue import QueueWriter
 
 
 def make_app(tmp_path: Path, **overrides: Any) -> CollectorApp:
@@ -137,6 +138,29 @@ def test_fsync_failure_is_503(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     response = run(make_app(tmp_path, server={"fsync": True}), scenario)
     assert response.status_code == 503
     assert response.json() == {"message": "Failed to store events", "error": "Input/output error"}
+
+
+def test_a_stream_queue_failure_cuts_the_request_out_of_the_incoming_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The incoming log is written first; a 503 must not leave lines there for the batch to load.
+    real_write = QueueWriter.write
+
+    def full_queue(self: QueueWriter, data: bytes, lines: int = 1) -> None:
+        raise OSError(28, "No space left on device")
+
+    async def scenario(client: httpx.AsyncClient) -> list[int]:
+        statuses = [(await client.post("/api/v1/event?token=js", json={"n": 1})).status_code]
+        monkeypatch.setattr(QueueWriter, "write", full_queue)
+        statuses.append((await client.post("/api/v1/event?token=js", json={"n": 2})).status_code)
+        monkeypatch.setattr(QueueWriter, "write", real_write)
+        statuses.append((await client.post("/api/v1/event?token=js", json={"n": 3})).status_code)
+        return statuses
+
+    live = {"type": "postgres", "mode": "stream", "datasource": {"host": "127.0.0.1", "port": 1, "db": "x"}}
+    app = make_app(tmp_path, destinations={"dw": {"type": "duckdb"}, "live": live})
+    assert run(app, scenario) == [200, 503, 200]
+    assert [e["n"] for e in incoming_events(tmp_path)] == [1, 3]
 
 
 def test_close_is_idempotent_and_rotates(tmp_path: Path) -> None:

@@ -109,6 +109,20 @@ def test_expect_100_continue_is_refused_before_the_body_is_sent(run_server: Any)
     assert orjson.loads(body)["message"] == "Request body is too large"
 
 
+def test_the_connection_takes_the_next_request_after_a_drained_413(run_server: Any) -> None:
+    server: Server = run_server(CONFIG)
+    port = int(server.url.rsplit(":", 1)[1])
+    small = b'{"event_type": "after_413"}'
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        head = f"POST /api/v1/event?token={CLIENT} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Content-Length: {BODY_SIZE}\r\n\r\n".encode() + b"x" * BODY_SIZE)
+        assert read_response(sock)[0] == 413
+        sock.sendall(f"{head}Content-Length: {len(small)}\r\n\r\n".encode() + small)
+        assert read_response(sock)[0] == 200  # the same connection: the refused body was read whole
+    assert server.stop() == 0
+    assert [orjson.loads(line)["event_type"] for line in server.new_lines()] == ["after_413"]
+
+
 # --- the bounds of draining (the ASGI function alone) ---------------------------------------------
 
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from eventspark.logs.incoming import parse_log_name
-from tests.collector.conftest import port_is_free
+from tests.collector.conftest import child_pids, port_is_free
 
 TOKEN = "tok-secret"
 BASE: dict[str, Any] = {
@@ -124,6 +124,16 @@ def test_workers_write_their_own_files(run_server: Any) -> None:
     assert sorted(e["n"] for e in logged(server.incoming)) == acknowledged == list(range(30))
 
 
+def test_sigterm_right_after_start_with_workers_exits_0(run_server: Any) -> None:
+    # Workers answer /ping while the serving process still starts its background services: a
+    # SIGTERM then used to kill it (exit -15) before it forwarded signals to the workers.
+    live = {"type": "postgres", "mode": "stream", "datasource": {"host": "127.0.0.1", "port": 1, "db": "x"}}
+    destinations = {**BASE["destinations"], "live": live}  # a stream worker to start in the background
+    for _ in range(3):
+        server = run_server(config(server={"workers": 2}, destinations=destinations, log={"uploader_period_sec": 3600}))
+        assert server.stop(signal.SIGTERM) == 0, server.text()
+
+
 def test_fsync_mode_answers_after_group_commit(run_server: Any) -> None:
     server = run_server(config(server={"fsync": True}))
     assert send(server.url, 20) == list(range(20))
@@ -134,7 +144,7 @@ def test_fsync_mode_answers_after_group_commit(run_server: Any) -> None:
 def test_workers_stop_when_the_serving_process_is_killed(run_server: Any) -> None:
     # kill -9 of the parent must not leave workers taking events with nothing behind them.
     server = run_server(config(server={"workers": 2}))
-    children = _children(server.process.pid)
+    children = child_pids(server.process.pid)
     assert len(children) == 2
     server.process.kill()
     server.process.wait()
@@ -143,18 +153,6 @@ def test_workers_stop_when_the_serving_process_is_killed(run_server: Any) -> Non
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in children)
     assert port_is_free(int(server.url.rsplit(":", 1)[1]))
-
-
-def _children(parent: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def _alive(pid: int) -> bool:

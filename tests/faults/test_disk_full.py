@@ -26,7 +26,7 @@ import pytest
 from eventspark.logs.incoming import parse_log_name
 from eventspark.stream.queue import QueueReader, QueueWriter
 from tests.collector import conftest as collector_fixtures
-from tests.collector.conftest import Server
+from tests.collector.conftest import Server, logged_numbers, post_numbered
 
 run_server = collector_fixtures.run_server
 
@@ -98,7 +98,7 @@ class Load:
         with httpx.Client(base_url=self.url, timeout=30) as client:
             for n in range(thread * 1_000_000, thread * 1_000_000 + 100_000, 10):
                 ids = list(range(n, n + (10 if thread % 3 == 2 else 1)))
-                status = self.post(client, thread % 3, ids)
+                status = post(client, thread % 3, ids)
                 with self.lock:
                     self.statuses[status] = self.statuses.get(status, 0) + 1
                     if status == 200:
@@ -107,19 +107,9 @@ class Load:
                 if refused >= refusals:
                     return
 
-    @staticmethod
-    def post(client: httpx.Client, kind: int, ids: list[int]) -> int:
-        if kind == 0:
-            return client.post(f"/api/v1/event?token={JS}", json={"n": ids[0], "pad": PAD}).status_code
-        if kind == 1:
-            return client.post(f"/api/v1/s2s/event?token={S2S}", json={"n": ids[0], "pad": PAD}).status_code
-        body = b"".join(orjson.dumps({"n": n, "pad": PAD}) + b"\n" for n in ids)
-        return client.post(f"/api/v1/events/bulk?token={S2S}", content=body).status_code
 
-
-def incoming_ids(server: Server) -> list[int]:
-    """The `n` of every line of every incoming log; a torn line fails the parse."""
-    return [orjson.loads(line)["n"] for path in server.log_files() for line in path.read_bytes().splitlines()]
+def post(client: httpx.Client, kind: int, ids: list[int]) -> int:
+    return post_numbered(client, kind, ids, JS, S2S, PAD)
 
 
 def wait_for(status: int, server: Server, acknowledged: list[int], timeout: float = 15.0) -> float:
@@ -129,7 +119,7 @@ def wait_for(status: int, server: Server, acknowledged: list[int], timeout: floa
     with httpx.Client(base_url=server.url, timeout=10) as client:
         while True:
             n = -1 - len(acknowledged) - int(time.monotonic_ns() % 1_000_000) * 1_000
-            got = Load.post(client, 0, [n])
+            got = post(client, 0, [n])
             if got == 200:
                 acknowledged.append(n)
             if got == status:
@@ -156,7 +146,7 @@ def test_disk_full_and_read_only_answer_503_and_recover(
     load = Load(server.url)
     load.run()
     assert set(load.statuses) == {200, 503}, load.statuses  # no 500, no reset
-    written = incoming_ids(server)
+    written = logged_numbers(server)
     assert sorted(written) == sorted(load.acknowledged)  # all acknowledged, once; nothing refused
     queued = [e["n"] for e in server.queued_events("live")]
     assert sorted(queued) == sorted(load.acknowledged)  # every queue record whole
@@ -172,7 +162,7 @@ def test_disk_full_and_read_only_answer_503_and_recover(
     recovered_read_only = wait_for(200, server, probes)
     assert server.stop() == 0  # a graceful stop rotates the live files
     assert all(parse_log_name(p.name).rotated_at for p in server.log_files())  # type: ignore[union-attr]
-    assert sorted(incoming_ids(server)) == sorted(load.acknowledged + probes)
+    assert sorted(logged_numbers(server)) == sorted(load.acknowledged + probes)
     assert sorted(e["n"] for e in server.queued_events("live")) == sorted(load.acknowledged + probes)
     figure(
         f"{'2 workers, fsync' if workers == 2 else '1 process'}: acknowledged {len(load.acknowledged):,} "

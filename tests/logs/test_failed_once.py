@@ -8,15 +8,22 @@ is in `failed/` once, each loaded row in the table once.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
+from eventspark.batch.job import BatchJob
+from eventspark.batch.process import run_pass
+from eventspark.coordination import MemoryCoordination
 from eventspark.logs.failed import (
     PENDING_DIR,
     append_groups,
+    appending,
+    event_error_line,
     failed_log_path,
     journal_path,
     park_spools,
@@ -24,6 +31,7 @@ from eventspark.logs.failed import (
     recover_journal,
     settle_recovered,
 )
+from eventspark.ops.replay import hand_over, plan_replay
 from tests.batch.helpers import duck_rows, duckdb_destination, event, failed_lines, make_config, put_log
 from tests.batch.test_retry import T0, Warehouse, run
 
@@ -92,6 +100,71 @@ def test_a_failed_log_moved_away_is_never_truncated(tmp_path: Path) -> None:
 
     assert target.read_bytes() == b"new line 1\nnew line 2\n"
     assert (tmp_path / "moved.log").read_bytes() == b"a\n"
+
+
+def line(event_id: str) -> bytes:
+    return event_error_line(event(event_id), "refused")
+
+
+def died_appending(failed_dir: Path, log_name: str) -> None:
+    """A pass that parked groups 'a' and 'b' of `log_name` and died after appending 'a'."""
+    first, second = spools(failed_dir.parent, line("a"), line("b"))
+    groups = [
+        park_spools(failed_dir, log_name, "dd", "t", [first]),
+        park_spools(failed_dir, log_name, "dd", "t", [second]),
+    ]
+
+    def crash(_at: str) -> None:
+        raise Crash
+
+    with pytest.raises(Crash):
+        append_groups(failed_dir, "dd", groups, crash)
+
+
+def test_a_replay_after_a_pass_died_appending_takes_each_line_once(tmp_path: Path) -> None:
+    loaded = make_config(tmp_path, {"dd": duckdb_destination(template="t")})
+    failed_dir = tmp_path / "events" / "failed"
+    failed_dir.mkdir(parents=True)
+    failed_log_path(failed_dir, "dd").write_bytes(line("old"))
+    died_appending(failed_dir, "incoming.tok=web-2020-08-02T18-00-00.000.log")  # archived since: settled
+
+    hand_over(loaded.config, plan_replay(loaded.config, "failed.dst=dd.log"))
+    (replay_log,) = (tmp_path / "events" / "incoming").glob("replay.dst=dd-*.log")
+    replayed = [orjson.loads(text)["eventn_ctx"]["event_id"] for text in replay_log.read_bytes().splitlines()]
+    BatchJob(loaded, MemoryCoordination("test")).recover_failed()  # what the next pass starts with
+
+    assert replayed == ["old"]  # not 'a': the dead pass's line was cut off before the move
+    assert sorted(f["event_id"] for f in failed_lines(tmp_path, "dd")) == ["a", "b"]
+
+
+def test_a_replay_waits_for_the_appends_of_a_pass(tmp_path: Path) -> None:
+    loaded = make_config(tmp_path, {"dd": duckdb_destination(template="t")})
+    failed_dir = tmp_path / "events" / "failed"
+    failed_dir.mkdir(parents=True)
+    failed_log_path(failed_dir, "dd").write_bytes(line("old"))
+    plan = plan_replay(loaded.config, "failed.dst=dd.log")
+    replay = threading.Thread(target=hand_over, args=(loaded.config, plan))
+
+    with appending(failed_dir):  # a pass between its journal and its removal
+        replay.start()
+        replay.join(0.3)
+        assert replay.is_alive() and failed_log_path(failed_dir, "dd").exists()
+    replay.join(10)
+
+    assert not replay.is_alive() and not failed_log_path(failed_dir, "dd").exists()
+
+
+def test_a_pass_without_logs_repairs_a_pass_cut_short(tmp_path: Path) -> None:
+    loaded = make_config(tmp_path, {"dd": duckdb_destination(template="t")})
+    failed_dir = tmp_path / "events" / "failed"
+    failed_dir.mkdir(parents=True)
+    failed_log_path(failed_dir, "dd").write_bytes(line("old"))
+    died_appending(failed_dir, "incoming.tok=web-2020-08-02T18-00-00.000.log")
+
+    run_pass(loaded, MemoryCoordination("test"))  # incoming/ is empty: no job
+
+    assert sorted(f["event_id"] for f in failed_lines(tmp_path, "dd")) == ["a", "b", "old"]
+    assert list((failed_dir / PENDING_DIR).iterdir()) == []
 
 
 POINTS = ["staged", "pair committed", "committed", "failed group appended", "failed appended", "statuses written"]

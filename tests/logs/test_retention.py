@@ -3,8 +3,10 @@ and `eventspark serve` applying it by itself."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,8 +16,11 @@ import httpx
 import orjson
 import pytest
 
+from eventspark.batch.process import BATCH_LOCK_FILE, batch_lock
+from eventspark.config import load_config
 from eventspark.config.models import LogConfig
 from eventspark.logs import retention
+from eventspark.logs.failed import failed_log_path
 from eventspark.logs.retention import (
     GIB,
     Retention,
@@ -25,7 +30,12 @@ from eventspark.logs.retention import (
     failed_retention,
     read_usage,
 )
+from eventspark.ops import replay as replay_module
+from eventspark.ops.fallback import replay_is_running, replay_running
 from eventspark.ops.metrics import pipeline_metrics
+from eventspark.ops.replay import hand_over, plan_replay
+from eventspark.stream.queue import RECORDING_FILE, QueueReader, queue_dir
+from eventspark.stream.worker import _append as stream_append
 from tests.collector import conftest as collector_fixtures
 
 run_server = collector_fixtures.run_server
@@ -128,8 +138,10 @@ def test_archive_source_of_a_running_replay_is_kept(tmp_path: Path) -> None:
     (folder / "replay.json").write_bytes(
         orjson.dumps({"id": "run", "at": "2020-01-01T00:00:00+00:00", "state": "started", "source": name})
     )
-    result = archive_retention(tmp_path, 1, None, NOW)
+    with replay_running(folder):
+        result = archive_retention(tmp_path, 1, None, NOW)
     assert [r.path for r in result.removed] == [other.relative_to(tmp_path).as_posix()] and source.exists()
+    assert [r.path for r in archive_retention(tmp_path, 1, None, NOW).removed] == [name]  # it ended
 
 
 # --- failed/ --------------------------------------------------------------------------------------
@@ -169,46 +181,188 @@ def test_failed_pending_recent_and_running_replays_are_never_removed(tmp_path: P
     recent = plant(failed_dir / "failed.dst=now.log", 100, 0)
     appended = plant(failed_dir / "failed.dst=a b.log", 100, 30)  # a pass's journal names it
     plant(failed_dir / "pending" / "journal.dst=a%20b.json", 100, 30)
+    streaming = plant(failed_dir / "failed.dst=s.log", 100, 30)  # its stream worker's mark names it
+    plant(queue_dir(tmp_path, "s") / RECORDING_FILE, 10, 30)
     running = replayed(tmp_path, "running", 30, 1000, state="started")
-    dead = replayed(tmp_path, "dead", 30, 1000, state="started")
-    stale = NOW - 2 * retention.BUSY_REPLAY_SECONDS
-    os.utime(dead / "replay.json", (stale, stale))
+    replayed(tmp_path, "dead", 30, 1000, state="started")  # its process died: no lock held
     replayed(tmp_path, "interrupted", 30, 1000, state="interrupted")
-    result = failed_retention(tmp_path, 1, gib(1), NOW)
+    with replay_running(running):
+        result = failed_retention(tmp_path, 1, gib(1), NOW)
     assert sorted(r.path for r in result.removed) == ["failed/replayed/dead", "failed/replayed/interrupted"]
-    assert parked.exists() and recent.exists() and running.exists() and appended.exists()
-    assert result.kept == 4  # pending/, the journaled file, the recent file, the running replay
+    assert parked.exists() and recent.exists() and running.exists() and appended.exists() and streaming.exists()
+    assert result.kept == 5  # pending/, the journaled, recorded and recent files, the running replay
 
 
-def test_failed_append_during_removal_is_put_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A writer that opened the file before it was renamed aside appends after: its line survives."""
-    path = plant(tmp_path / "failed" / "failed.dst=pg.log", 1000, 10)
-    late = b'{"event":{"id":1},"error":"late","event_id":""}\n'
-    writer = path.open("ab")  # opened before the retention's rename, like a stream worker's append
-    real_sleep = time.sleep
+def test_a_replay_holds_its_folder_while_it_hands_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ops.replay.hand_over` locks its folder until it returns, so retention knows it runs."""
+    log_path = tmp_path / "events"
+    plant(log_path / "failed" / "failed.dst=pg.log", 100, 30)
+    seen: list[bool] = []
 
-    def settle(seconds: float) -> None:
-        if not writer.closed:
-            writer.write(late)
-            writer.close()
-        real_sleep(seconds)
+    def copy(_log_path: Path, source: Path, *_args: Any) -> dict[str, int]:
+        seen.append(replay_is_running(source.parent))
+        return {"events": 0, "unreadable": 0}
 
-    monkeypatch.setattr(retention.time, "sleep", settle)
+    monkeypatch.setattr(replay_module, "_copy_events", copy)
+    config = tmp_path / "eventspark.yaml"
+    dest = {"type": "postgres", "mode": "batch", "datasource": {"host": "127.0.0.1", "db": "test"}}
+    config.write_text(orjson.dumps({"log": {"path": str(log_path)}, "destinations": {"pg": dest}}).decode())
+    loaded = load_config(config)
+    record = hand_over(loaded.config, plan_replay(loaded.config, "failed.dst=pg.log"))
+    folder = log_path / "failed" / "replayed" / record["id"]
+    assert seen == [True] and not replay_is_running(folder)
+
+
+LATE = b'{"event":{"id":1},"error":"late","event_id":""}\n'
+
+
+def rename_hook(monkeypatch: pytest.MonkeyPatch, before: Any, after: Any) -> None:
+    """Runs `before` just before retention renames a failed file aside, `after` just after."""
+    real = os.rename
+
+    def rename(source: Any, target: Any) -> None:
+        before()
+        real(source, target)
+        after()
+
+    monkeypatch.setattr(retention.os, "rename", rename)
+
+
+def test_a_stream_append_across_the_rename_is_put_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream worker marks and opens the file just before the rename and writes after it (it
+    may stall there for any time): the same file comes back, its line in it, nothing removed."""
+    path = plant(tmp_path / "failed" / "failed.dst=s.log", 1000, 10)
+    inode, content = path.stat().st_ino, path.read_bytes()
+    mark = queue_dir(tmp_path, "s") / RECORDING_FILE
+    writers: list[Any] = []
+
+    def open_writer() -> None:
+        plant(mark, 10, 0)  # `mark_recording`, then `_append` opens
+        writers.append(path.open("ab"))
+
+    rename_hook(monkeypatch, open_writer, lambda: None)
     result = failed_retention(tmp_path, 1, None, NOW)
-    assert [r.path for r in result.removed] == ["failed/failed.dst=pg.log"]
-    assert path.read_bytes() == late
+    writers[0].write(LATE)  # after the retention's decision: it must land in the live file
+    writers[0].close()
+    assert result.removed == [] and result.kept == 1
+    assert path.stat().st_ino == inode and path.read_bytes() == content + LATE
     assert not (tmp_path / "failed" / ".retiring").exists()
 
 
-def test_a_removal_cut_short_is_finished(tmp_path: Path) -> None:
-    """A crash between the rename aside and the removal: the next run puts the tail back."""
-    aside = tmp_path / "failed" / ".retiring" / "1000" / "failed.dst=pg.log"
-    plant(aside, 1000, 10)
+def test_an_append_finished_before_the_rename_keeps_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole append (mark, write, close, unmark) between the checks and the rename: the file grew."""
+    path = plant(tmp_path / "failed" / "failed.dst=s.log", 1000, 10)
+    content = path.read_bytes()
+
+    def append() -> None:
+        with path.open("ab") as file:
+            file.write(LATE)
+
+    rename_hook(monkeypatch, append, lambda: None)
+    result = failed_retention(tmp_path, 1, None, NOW)
+    assert result.removed == [] and path.read_bytes() == content + LATE
+
+
+def test_a_stream_worker_appending_throughout_loses_and_doubles_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream worker's real recording steps (`QueueReader.mark_recording`, `_append`, `ack`,
+    `end_recording`), stalling now and then between its open and its write as a busy process
+    does, against retention removing the file whenever it may: every line is either in a removed
+    file or in the live one, once."""
+    reader = QueueReader(queue_dir(tmp_path, "s"))
+    reader.open()
+    path = failed_log_path(tmp_path / "failed", "s")
+    real_write, real_unlink = os.write, Path.unlink
+    sent: list[bytes] = []
+    removed: list[bytes] = []
+
+    def stalling_write(fd: int, data: Any) -> int:
+        if threading.current_thread() is thread and len(sent) % 10 == 0:
+            time.sleep(0.15)  # a stall between the open and the write
+        return real_write(fd, data)
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        if retention.RETIRING_DIR in self.parts and self.stat().st_nlink == 1:
+            removed.append(self.read_bytes()[: int(self.parent.name)])  # what retention deletes
+        real_unlink(self, missing_ok)
+
+    def append_lines(stop: threading.Event) -> None:
+        while not stop.is_set():
+            data = f'{{"n":{len(sent)}}}\n'.encode()
+            reader.mark_recording(path, len(data))
+            stream_append(path, data, False)
+            reader.ack()
+            reader.end_recording()
+            sent.append(data)
+            stop.wait(0.002)  # between micro-batches: room for a removal
+
+    monkeypatch.setattr(retention, "MIN_AGE_SEC", 0.0)
+    monkeypatch.setattr(os, "write", stalling_write)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    stop = threading.Event()
+    thread = threading.Thread(target=append_lines, args=(stop,))
+    thread.start()
+    runs = 0
+    deadline = time.monotonic() + 1.5
+    try:
+        while time.monotonic() < deadline or not removed:
+            failed_retention(tmp_path, 0, None)
+            runs += 1
+            if time.monotonic() > deadline + 10:
+                pytest.fail(f"nothing removed in {runs} runs")
+    finally:
+        stop.set()
+        thread.join(10)
+        reader.close()
+    kept = path.read_bytes().splitlines(keepends=True) if path.exists() else []
+    found = [line for chunk in removed for line in chunk.splitlines(keepends=True)] + kept
+    assert sorted(found) == sorted(sent) and len(sent) > 10
+
+
+def test_failed_files_wait_for_a_batch_pass_of_another_process(tmp_path: Path) -> None:
+    """Its appends are not marked: the batch lock excludes them; replayed folders still go."""
+    failed = plant(tmp_path / "failed" / "failed.dst=pg.log", 1000, 10)
+    folder = replayed(tmp_path, "r1", 10, 100)
+    (tmp_path / "incoming").mkdir()
+    fd = os.open(tmp_path / "incoming" / BATCH_LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: what `eventspark process` holds
+        result = failed_retention(tmp_path, 1, None, NOW)
+    finally:
+        os.close(fd)
+    assert [r.path for r in result.removed] == ["failed/replayed/r1"] and not folder.exists()
+    assert failed.exists() and result.kept == 1
+    assert [r.path for r in failed_retention(tmp_path, 1, None, NOW).removed] == ["failed/failed.dst=pg.log"]
+
+
+def test_failed_files_go_after_a_batch_pass_of_this_process(tmp_path: Path) -> None:
+    """A pass of the serving process: the retention thread waits for it, then removes."""
+    failed = plant(tmp_path / "failed" / "failed.dst=pg.log", 1000, 10)
+    results: list[Any] = []
+    runner = threading.Thread(target=lambda: results.append(failed_retention(tmp_path, 1, None, NOW)))
+    with batch_lock(tmp_path / "incoming"):
+        runner.start()
+        runner.join(0.5)
+        assert failed.exists() and runner.is_alive()  # nothing removed while the pass may append
+    runner.join(10)
+    assert [r.path for r in results[0].removed] == ["failed/failed.dst=pg.log"] and not failed.exists()
+
+
+def test_a_removal_cut_short_is_undone(tmp_path: Path) -> None:
+    """A crash between the rename aside and the removal: the next run puts the file back whole
+    (or, when a new one was started meanwhile, what went aside after the decision) and decides again."""
+    failed_dir = tmp_path / "failed"
+    aside = plant(failed_dir / ".retiring" / "1000" / "failed.dst=pg.log", 1000, 10)
     with aside.open("ab") as file:
         file.write(b"tail\n")
+    content = aside.read_bytes()
+    plant(failed_dir / ".retiring" / "500" / "failed.dst=s.log", 500, 10).open("ab").write(b"late\n")
+    live = failed_dir / "failed.dst=s.log"
+    live.write_bytes(b"new\n")
     result = failed_retention(tmp_path, None, None, NOW)
-    assert (tmp_path / "failed" / "failed.dst=pg.log").read_bytes() == b"tail\n"
-    assert not (tmp_path / "failed" / ".retiring").exists() and result.size_before == 5
+    assert (failed_dir / "failed.dst=pg.log").read_bytes() == content and live.read_bytes() == b"new\nlate\n"
+    assert not (failed_dir / ".retiring").exists() and result.size_before == 1005 + 9
 
 
 def test_metrics_count_what_was_removed(tmp_path: Path) -> None:
@@ -293,3 +447,17 @@ def _wait_removed_metrics(url: str, timeout: float) -> dict[tuple[str, str], flo
         if found.get(("archive", "files")) or time.monotonic() > deadline:
             return found
         time.sleep(0.2)
+
+
+def test_put_back_without_hard_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system that refuses `link`: the file is renamed back whole."""
+    aside = plant(tmp_path / "failed" / ".retiring" / "1000" / "failed.dst=pg.log", 1000, 10)
+    content = aside.read_bytes()
+
+    def no_link(*_args: Any) -> None:
+        raise PermissionError("hard links not supported")
+
+    monkeypatch.setattr(retention.os, "link", no_link)
+    failed_retention(tmp_path, None, None, NOW)
+    assert (tmp_path / "failed" / "failed.dst=pg.log").read_bytes() == content
+    assert not (tmp_path / "failed" / ".retiring").exists()

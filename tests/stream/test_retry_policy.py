@@ -8,6 +8,7 @@ machine notices. Maximum ages are a couple of seconds, so that giving up happens
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,13 +18,18 @@ import psycopg
 import pytest
 
 from eventspark.collector.metrics import render
+from eventspark.commands.status import plain_line
+from eventspark.coordination import MemoryCoordination
+from eventspark.destinations.base import PartlyDelivered, TransientError
+from eventspark.logs.failed import appending
 from eventspark.ops.metrics import pipeline_metrics
 from eventspark.ops.status import StatusReader
-from eventspark.stream.queue import RETRY_FILE, read_retry_state
-from eventspark.stream.worker import StreamWorker
+from eventspark.stream.manager import StreamWorkers
+from eventspark.stream.queue import RETRY_FILE, RetryState, queue_dir, read_retry_state, write_retry_state
+from eventspark.stream.worker import LATE_ATTEMPTS, StreamWorker, _Stopped
 from tests.conftest import PG_HOST, PG_PORT, pg_conninfo
 from tests.destinations.proxy import TcpProxy
-from tests.stream.helpers import KEY, Harness, event, line, make_config, postgres_stream
+from tests.stream.helpers import FAST, KEY, Harness, event, line, make_config, postgres_stream
 
 MAX_AGE_HOURS = 0.0005
 """1.8 s: long enough for a few attempts, short enough for a test."""
@@ -67,6 +73,18 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.02)
 
 
+def expired_clock(root: Path, datasource: dict[str, Any]) -> Harness:
+    """A worker restarted after an outage older than its maximum age (its `retry.json` says so)."""
+    long_ago = time.time() - 10 * 3600
+    state = RetryState(first_failure=long_ago, attempts=40, last_attempt=long_ago, last_error="events: down")
+    directory = queue_dir(root / "events", "pg")
+    directory.mkdir(parents=True, exist_ok=True)
+    write_retry_state(directory, state)
+    harness = build(root, datasource, 1.0)
+    assert harness.worker.retry == state
+    return harness
+
+
 def queue_path(harness: Harness) -> Path:
     return harness.worker.reader.path
 
@@ -96,11 +114,11 @@ def test_past_the_maximum_age_events_go_to_failed_once_and_the_worker_goes_on(
         assert attempts >= 2  # backed off and tried again before giving up
         assert harness.worker.reader.pending_bytes() == 0  # acknowledged: the worker went on
 
-        # Still down: the next events get one attempt each (the outage is older than the maximum age).
+        # Still down: the next events get LATE_ATTEMPTS each (the outage is older than the maximum age).
         harness.append(event(5))
         outcome = harness.worker.run_once()
         assert outcome is not None and len(outcome.failed) == 1
-        assert harness.failed()[-1]["error"].startswith(f"gave up after {attempts + 1} attempts")
+        assert harness.failed()[-1]["error"].startswith(f"gave up after {attempts + LATE_ATTEMPTS} attempts")
 
         proxy.start()
         harness.append(*(event(n) for n in range(6, 9)))
@@ -259,20 +277,29 @@ def test_failed_lines_and_the_archive_are_fsynced_before_the_ack(
             assert "failed.dst=pg.log" not in synced and "streaming-archive.dst=pg.log" not in synced
 
 
+def crash_at(
+    root: Path, datasource: dict[str, Any], monkeypatch: pytest.MonkeyPatch, step: str, data: bytes
+) -> Harness:
+    """A worker that delivers `data` (queued lines) and dies at the reader's `step` (`ack`, or
+    `end_recording` after it): nothing after it runs. Returns its closed harness."""
+    first = build(root, datasource, 1.0)
+    first.writer.append(data, data.count(b"\n"))
+
+    def crash() -> None:
+        raise KeyboardInterrupt  # the process dies here: nothing cleaned up
+
+    monkeypatch.setattr(first.worker.reader, step, crash)
+    with pytest.raises(KeyboardInterrupt):
+        first.worker.run_once()
+    assert len(first.failed()) == 1  # appended before the step
+    first.close()
+    return first
+
+
 def test_a_crash_between_the_failed_lines_and_the_ack_leaves_them_once(
     tmp_path: Path, pg_datasource: dict[str, Any], pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = build(tmp_path, pg_datasource, 1.0)
-    first.writer.append(line(event(1)) + b'"not an object"\n' + line(event(2)), 3)
-
-    def crash() -> None:
-        raise KeyboardInterrupt  # the process dies here: no ack, nothing cleaned up
-
-    monkeypatch.setattr(first.worker.reader, "ack", crash)
-    with pytest.raises(KeyboardInterrupt):
-        first.worker.run_once()
-    assert len(first.failed()) == 1  # appended before the (failed) ack
-    first.close()
+    crash_at(tmp_path, pg_datasource, monkeypatch, "ack", line(event(1)) + b'"not an object"\n' + line(event(2)))
 
     second = build(tmp_path, pg_datasource, 1.0)
     try:
@@ -294,6 +321,7 @@ def test_metrics_show_the_attempts_and_the_age(tmp_path: Path, pg_datasource: di
         )
         [status] = StatusReader(harness.loaded.config).read()
         assert status.retry_attempts >= 2 and status.retry_oldest_age is not None and status.retry_oldest_age > 0
+        assert f"\tretry_attempts={status.retry_attempts}\t" in plain_line(status)  # `eventspark status`
         text = render(pipeline_metrics().sample(), [status]).decode()
         assert f'eventspark_retry_attempts{{destination="pg"}} {float(status.retry_attempts)}' in text
         assert 'eventspark_retry_oldest_age_seconds{destination="pg"}' in text
@@ -347,16 +375,7 @@ def test_a_full_disk_while_recording_retries_the_writes_not_the_delivery(
 def test_a_crash_after_the_ack_keeps_the_failed_lines(
     tmp_path: Path, pg_datasource: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = build(tmp_path, pg_datasource, 1.0)
-    first.writer.append(b'"not an object"\n', 1)
-
-    def crash() -> None:
-        raise KeyboardInterrupt  # acknowledged, its recording mark still there
-
-    monkeypatch.setattr(first.worker.reader, "end_recording", crash)
-    with pytest.raises(KeyboardInterrupt):
-        first.worker.run_once()
-    first.close()
+    crash_at(tmp_path, pg_datasource, monkeypatch, "end_recording", b'"not an object"\n')  # acknowledged
 
     second = build(tmp_path, pg_datasource, 1.0)
     try:
@@ -365,3 +384,143 @@ def test_a_crash_after_the_ack_keeps_the_failed_lines(
         assert second.worker.reader.pending_bytes() == 0
     finally:
         second.close()
+
+
+def test_past_the_maximum_age_a_blip_does_not_fail_the_batch(
+    tmp_path: Path, pg_datasource: dict[str, Any], pg_schema: str, proxy: TcpProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness = expired_clock(tmp_path, through(proxy, pg_datasource))
+    delivery = harness.worker.delivery
+    real, calls = delivery.deliver, []
+
+    def blip(table: str, rows: list[Any]) -> list[str | None]:
+        calls.append(len(rows))
+        try:
+            return real(table, rows)
+        finally:
+            proxy.start()  # the warehouse is back after its first refusal
+
+    monkeypatch.setattr(delivery, "deliver", blip)
+    try:
+        proxy.stop()
+        harness.append(*(event(n) for n in range(3)))
+        outcome = harness.worker.run_once()
+        assert outcome is not None and outcome.failed == [] and calls == [3, 3]
+        assert loaded_ids(pg_schema) == [f"e{n:06d}" for n in range(3)]
+        assert harness.worker.retry is None and read_retry_state(queue_path(harness)) is None
+    finally:
+        harness.close()
+
+
+def test_a_partial_delivery_is_progress_not_age(
+    tmp_path: Path, pg_datasource: dict[str, Any], pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A throttling service (PartlyDelivered, as HTTP destinations raise on a 429) that takes one
+    row per attempt, after an outage older than the maximum age: every row gets through."""
+    harness = expired_clock(tmp_path, pg_datasource)
+    delivery = harness.worker.delivery
+    real = delivery.deliver
+
+    def throttled(table: str, rows: list[Any]) -> list[str | None]:
+        if len(rows) == 1:
+            return real(table, rows)
+        assert real(table, rows[:1]) == [None]
+        raise PartlyDelivered("429 Too Many Requests", {0: None})
+
+    monkeypatch.setattr(delivery, "deliver", throttled)
+    try:
+        harness.append(*(event(n) for n in range(LATE_ATTEMPTS + 2)))
+        outcome = harness.worker.run_once()
+        assert outcome is not None and outcome.failed == []
+        assert loaded_ids(pg_schema) == [f"e{n:06d}" for n in range(LATE_ATTEMPTS + 2)]
+    finally:
+        harness.close()
+
+
+def test_lines_appended_after_a_crashed_recording_are_not_cut(
+    tmp_path: Path, pg_datasource: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = crash_at(tmp_path, pg_datasource, monkeypatch, "ack", b'"not an object"\n')
+    other = b'{"event_id": "other", "error": "appended by another writer"}\n'
+    with first.worker.failed_path.open("ab") as out:  # e.g. a batch pass while the destination was batch
+        out.write(other)
+
+    second = build(tmp_path, pg_datasource, 1.0)
+    try:
+        second.drain()
+        assert first.worker.failed_path.read_bytes().count(other) == 1
+        assert [record["event_id"] for record in second.failed()].count("other") == 1
+    finally:
+        second.close()
+
+
+def test_a_stop_during_a_late_attempt_is_not_a_failed_attempt(
+    tmp_path: Path, pg_datasource: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness = expired_clock(tmp_path, pg_datasource)
+    worker = harness.worker
+    before = worker.retry
+
+    def interrupted(table: str, rows: list[Any]) -> list[str | None]:
+        worker.request_stop()  # serve stops: the adapter's request is cut short
+        raise TransientError("interrupted")
+
+    monkeypatch.setattr(worker.delivery, "deliver", interrupted)
+    try:
+        harness.append(*(event(n) for n in range(2)))
+        with pytest.raises(_Stopped):
+            worker.run_once()
+        assert harness.failed() == [] and worker.reader.pending_bytes() > 0  # still queued
+        assert read_retry_state(queue_path(harness)) == before  # not counted
+    finally:
+        harness.close()
+
+
+def test_a_reload_that_changes_the_global_retry_section_rebuilds_the_worker(
+    tmp_path: Path, pg_datasource: dict[str, Any]
+) -> None:
+    destinations = {"pg": postgres_stream(pg_datasource)}
+    workers = StreamWorkers(make_config(tmp_path, destinations), MemoryCoordination("test"), FAST)
+    workers.start()
+    try:
+        first = workers.workers["pg"]
+        workers.apply(make_config(tmp_path, destinations), WAIT)
+        assert workers.workers["pg"] is first  # nothing changed: kept
+        workers.apply(make_config(tmp_path, destinations, retry={"max_age_hours": 2}), WAIT)
+        assert workers.workers["pg"] is not first
+        assert workers.workers["pg"].policy.max_age_sec == 2 * 3600
+    finally:
+        workers.stop(WAIT)
+
+
+def test_failed_lines_are_appended_under_the_append_lock(
+    tmp_path: Path, pg_datasource: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay moves a failed log away under the append lock (`logs.failed.quiet_failed_log`):
+    never between the worker's recording mark and its append, nor in the middle of it."""
+    harness = build(tmp_path, pg_datasource, 1.0)
+    real_write, order = os.write, []
+    locked = threading.Event()
+
+    def replay() -> None:  # takes the lock as a replay moving the log would
+        with appending(harness.worker.failed_path.parent):
+            order.append("replay")
+            locked.set()
+
+    def write(fd: int, data: Any) -> int:
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")) == "failed.dst=pg.log":
+            threading.Thread(target=replay, daemon=True).start()
+            locked.wait(1.0)  # it gets the lock at once unless the worker holds it
+            order.append("append")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    try:
+        harness.writer.append(b'"not an object"\n', 1)
+        outcome = harness.worker.run_once()
+        assert outcome is not None and len(outcome.failed) == 1
+        wait_for(locked.is_set, "the replay's lock")
+        assert order == ["append", "replay"]
+    finally:
+        monkeypatch.setattr(os, "write", real_write)
+        harness.close()

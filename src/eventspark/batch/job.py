@@ -18,6 +18,7 @@ Driver steps, in order:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -39,8 +40,10 @@ from eventspark.destinations import build_destination
 from eventspark.destinations.base import DestinationAdapter, DestinationError, StagedChunk, new_job_id
 from eventspark.logs.archive import archive_log
 from eventspark.logs.failed import (
+    PENDING_DIR,
     ParkedSpools,
     append_groups,
+    appending,
     finish_appends,
     park_spools,
     parked_spools,
@@ -62,7 +65,7 @@ from eventspark.logs.status import status_path as _status_path
 from eventspark.ops.cache_results import settle_samples
 from eventspark.recognition.service import Recognizer, recognition_of
 from eventspark.recognition.state import done_sightings, keep_sightings
-from eventspark.retry import RetryPolicy, give_up_reason, retry_policy
+from eventspark.retry import RetryPolicy, due, give_up_reason, retry_policy
 from eventspark.steps.diff import UnmappedRule
 from eventspark.steps.recognition import Sightings
 from eventspark.steps.typing import BatchHeader
@@ -169,7 +172,7 @@ class BatchJob:
 
     def run(self, session: Any, logs: list[Path]) -> JobResult:
         result = JobResult()
-        self._recover_failed()
+        self.recover_failed()
         logs = self._drop_empty(logs, result)
         # Replay logs (`logs.replay`) load into one destination each: a job of their own.
         groups: dict[str | None, list[Path]] = defaultdict(list)
@@ -331,11 +334,14 @@ class BatchJob:
                 result.waiting.append(path)
         return read
 
-    def _recover_failed(self) -> None:
+    def recover_failed(self) -> None:
         """What a pass cut short may have appended to the failed logs is undone (`logs.failed`)
         before this pass appends anything; its parked groups that the status files show settled are
-        appended (the others wait for a pass that reads their destination's load markers)."""
+        appended (the others wait for a pass that reads their destination's load markers). Also
+        run by a pass with no log to read (`batch.process.run_pass`): no Spark, no connection."""
         failed_dir = self.events_dir / "failed"
+        if not (failed_dir / PENDING_DIR).is_dir():
+            return  # nothing parked, no journal: the usual case
         batch = [dest_id for dest_id, dest in self.config.destinations.items() if dest.mode == "batch"]
         for dest_id in batch:
             if recover_journal(failed_dir, dest_id):
@@ -588,14 +594,36 @@ class BatchJob:
                     updates[name].setdefault(dest_id, {})
         self._record_give_ups(plan, statuses, collected, updates, result)
         self._record_destination_errors(statuses, schedule, dest_errors, updates, result)
-        journals, appended = self._append_failed(parked, updates)
-        if self.fault is not None:
-            self.fault("failed appended")
-        for path in logs:
-            self._finish_log(path, statuses[path.name], updates.get(path.name, {}), plan, result)
-        if self.fault is not None:
-            self.fault("statuses written")
-        finish_appends(self.events_dir / "failed", journals, appended)
+        merged = self._write_outcomes(logs, statuses, updates, plan, parked)
+        for path, status in merged.items():  # after the append lock: gzipping a log takes a while
+            if all_uploaded(status):
+                result.archived.append(archive_log(path, self.events_dir / "archive"))
+            else:
+                result.kept.append(path)
+
+    def _write_outcomes(
+        self,
+        logs: list[Path],
+        statuses: dict[str, LogStatus],
+        updates: dict[str, LogStatus],
+        plan: JobPlan,
+        parked: list[ParkedSpools],
+    ) -> dict[Path, LogStatus]:
+        """Appends the failed lines and writes the status files (`logs.failed`, steps 2 to 4),
+        under the append lock: a replay moving a failed log away waits; returns the statuses."""
+        failed_dir = self.events_dir / "failed"
+        settled = self._settled_groups(parked, updates)
+        with appending(failed_dir) if settled else contextlib.nullcontext():
+            journals, appended = self._append_failed(settled)
+            if self.fault is not None:
+                self.fault("failed appended")
+            merged = {
+                path: self._write_status(path, statuses[path.name], updates.get(path.name, {}), plan) for path in logs
+            }
+            if self.fault is not None:
+                self.fault("statuses written")
+            finish_appends(failed_dir, journals, appended)
+        return merged
 
     def _record_give_ups(
         self,
@@ -644,11 +672,11 @@ class BatchJob:
         for dest_id, error in dest_errors.items():
             result.pair(dest_id, NO_TABLE).error = error
 
-    def _append_failed(
+    def _settled_groups(
         self, parked: list[ParkedSpools], updates: dict[str, LogStatus]
-    ) -> tuple[list[Path | None], list[ParkedSpools]]:
-        """Appends the parked groups whose pair is settled by this pass (the others stay parked until a
-        pass reads their load markers: `_recover_parked`); returns the journals and the groups appended."""
+    ) -> dict[str, list[ParkedSpools]]:
+        """The parked groups whose pair is settled by this pass, by destination (the others stay
+        parked until a pass reads their load markers: `_recover_parked`)."""
         by_dest: dict[str, list[ParkedSpools]] = defaultdict(list)
         for group in parked:
             if group.table != NO_TABLE:  # template failures: parked only when written this pass
@@ -656,6 +684,11 @@ class BatchJob:
                 if pair is None or not pair.settled:
                     continue
             by_dest[group.dest_id].append(group)
+        return by_dest
+
+    def _append_failed(self, by_dest: dict[str, list[ParkedSpools]]) -> tuple[list[Path | None], list[ParkedSpools]]:
+        """Appends the groups under journals (the caller holds the append lock); returns the
+        journals and the groups appended."""
         journals: list[Path | None] = []
         appended: list[ParkedSpools] = []
         for dest_id, groups in sorted(by_dest.items()):
@@ -663,7 +696,8 @@ class BatchJob:
             appended += groups
         return journals, appended
 
-    def _finish_log(self, path: Path, old: LogStatus, update: LogStatus, plan: JobPlan, result: JobResult) -> None:
+    def _write_status(self, path: Path, old: LogStatus, update: LogStatus, plan: JobPlan) -> LogStatus:
+        """Writes the log's status with this pass's outcomes and the retries' times; returns it."""
         merged = merge_status(old, update)
         connected = set(plan.stages) | set(plan.objects)
         for dest_id in connected:
@@ -672,10 +706,7 @@ class BatchJob:
                 merged.get(dest_id, {}).pop(NO_TABLE, None)
         self._schedule_retries(merged)
         write_status(path, merged)
-        if all_uploaded(merged):
-            result.archived.append(archive_log(path, self.events_dir / "archive"))
-        else:
-            result.kept.append(path)
+        return merged
 
     def _schedule_retries(self, status: LogStatus) -> None:
         """Sets `next_attempt` of every failed pair from its destination's retry policy."""
@@ -749,14 +780,14 @@ def _schedule_pair(
     whole = failing.get(NO_TABLE)
     if whole is not None and _expired(policy, whole, now):
         schedule.whole[key] = {t: give_up_reason(p.attempts, p.first_failed, now, p.error) for t, p in failing.items()}
-    elif whole is not None and now < whole.next_attempt:
+    elif whole is not None and not due(whole.last_attempt, whole.next_attempt, now):
         return  # the destination was unreachable: not retried before its time, whatever the tables
     for table, pair in failing.items():
         if table == NO_TABLE:
             continue
         if _expired(policy, pair, now):
             schedule.give_up[key][table] = give_up_reason(pair.attempts, pair.first_failed, now, pair.error)
-        elif now < pair.next_attempt:
+        elif not due(pair.last_attempt, pair.next_attempt, now):
             schedule.waiting[key].add(table)
     if whole is not None or len(failing) > len(schedule.waiting.get(key, ())):
         schedule.work.add(key)

@@ -75,10 +75,11 @@ def run_pass(
     incoming = Path(loaded.config.log.path) / "incoming"
     with batch_lock(incoming):
         logs = rotated_logs(incoming)
+        job = BatchJob(loaded, coordination, fault, chunk_rows)
         if not logs:
+            job.recover_failed()  # a pass cut short is repaired without waiting for new logs
             return JobResult()
-        session = session or get_session(loaded.config.spark)
-        return BatchJob(loaded, coordination, fault, chunk_rows).run(session, logs)
+        return job.run(session or get_session(loaded.config.spark), logs)
 
 
 @in_job("pass")  # its log lines carry a job_id
@@ -176,5 +177,11 @@ def print_summary(result: JobResult, console: Console) -> None:
         f"{len(result.deleted_empty)} empty deleted",
         highlight=False,
     )
+    if result.waiting:
+        console.print(
+            f"{len(result.waiting)} log(s) not read: their failed pairs are not due for a retry yet "
+            "(retry policy, docs/reliability.md)",
+            highlight=False,
+        )
     for name, why in sorted(result.held.items()):
         console.print(f"[yellow]{name} kept, not loaded: {why}[/]", highlight=False)

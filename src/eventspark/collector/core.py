@@ -230,7 +230,7 @@ class Collector:
                 written += 1
         except OSError as exc:
             if written and route.incoming is not None:  # the incoming log comes first in `files`
-                route.incoming.undo_last()  # a stream queue's consumer may have read its lines already
+                route.incoming.undo(len(lines), count)  # a stream queue's consumer may have read its lines
             logger.error("cannot store events of token %s: %s", token.id, exc)
             raise HTTPError(503, "Failed to store events", exc.strerror or str(exc)) from None
         self.accepted[token.id] += count

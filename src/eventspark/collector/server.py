@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_SECONDS = 30
 PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 class Background(Protocol):
@@ -121,18 +122,25 @@ def _serve_workers(config: Config, background: Background | None) -> None:
         )
         for n in range(config.server.workers)
     ]
-    for process in workers:
-        process.start()
-    logger.info("started %d collector workers on port %d", len(workers), config.server.port)
-    if background is not None:
-        background.start()
 
     def forward(signum: int, frame: FrameType | None) -> None:
         for process in workers:
             if process.pid is not None and process.is_alive():
                 os.kill(process.pid, signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # Workers answer /ping as soon as they are forked: a SIGTERM from then on must be forwarded,
+    # not kill this process (default action). Blocked until `forward` is installed, it waits; the
+    # workers are forked with it blocked too and unblock it once their own handler is in place.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        for process in workers:
+            process.start()
+        previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # before any thread is started
+    logger.info("started %d collector workers on port %d", len(workers), config.server.port)
+    if background is not None:
+        background.start()
     try:
         for process in workers:
             process.join()
@@ -151,6 +159,9 @@ def _serve_workers(config: Config, background: Background | None) -> None:
 def _worker_main(config: Config, worker: int, sock: socket.socket, background: Background | None, parent: int) -> None:
     # The terminal's Ctrl-C reaches every worker directly; the parent forwards SIGTERM.
     # Workers answer /api/v1/cluster from the coordination store but run no background service.
+    # Forked with SIGTERM and SIGINT blocked (`_serve_workers`); one that came since is raised here.
+    signal.signal(signal.SIGTERM, _exit_quietly)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     _stop_with_parent(parent)
     instances = _InstancesOnly(background) if background is not None else None
     _serve(config, worker, sock, instances)

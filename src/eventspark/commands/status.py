@@ -67,6 +67,8 @@ def plain_line(found: DestinationStatus) -> str:
         f"pending_log_events={found.pending_log_events}",
         f"oldest_pending={age(found.oldest_pending_age)}",
         f"failed={found.failed_events}",
+        f"retry_attempts={found.retry_attempts}",
+        f"retry_age={age(found.retry_oldest_age)}",
         f"last_load={moment(found.last_load_at)}",
         f"last_load_events={found.last_load_events}",
         f"last_error_at={moment(found.last_error_at)}",
@@ -78,7 +80,9 @@ def plain_line(found: DestinationStatus) -> str:
 
 
 def _print_table(statuses: list[DestinationStatus]) -> None:
-    table = RichTable("destination", "mode", "queue", "pending logs", "oldest", "failed", "last load", "last error")
+    table = RichTable(
+        "destination", "mode", "queue", "pending logs", "oldest", "failed", "retrying", "last load", "last error"
+    )
     for found in statuses:
         queue = f"{found.queue_events}{'' if found.exact else ' (est.)'}"
         logs = f"{found.pending_logs} ({found.pending_log_events} events)" if found.mode == "batch" else "-"
@@ -92,10 +96,18 @@ def _print_table(statuses: list[DestinationStatus]) -> None:
             logs,
             age(found.oldest_pending_age),
             failed,
+            _retrying(found),
             last_load,
             f"[red]{escape(error)}[/]" if error else "",
         )
     out.print(table)
+
+
+def _retrying(found: DestinationStatus) -> str:
+    """`-`, or the failed attempts and the age of the first (the retry policy's clock)."""
+    if not found.retry_attempts:
+        return "-"
+    return f"[yellow]{found.retry_attempts} ({age(found.retry_oldest_age)})[/]"
 
 
 def age(seconds: float | None) -> str:

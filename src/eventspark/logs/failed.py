@@ -25,19 +25,26 @@ spools those events again). A group whose pair failed is left parked until a pas
 markers: a commit whose answer was lost may have happened.
 
 Truncating is safe because one pass at a time appends to a batch destination's failed log: passes
-run under the node's batch lock, a destination's loads under its coordination locks, stream
-destinations have failed logs of their own, and a replay moves the file away instead of writing to
-it (the inode check leaves a moved or recreated file alone). Spools are fsynced by the executors,
+run under the node's batch lock (`log.path` is never shared between nodes), stream destinations
+have failed logs of their own, and every journal lives under the *append lock*
+(an `flock` of `failed/`, `appending`): a pass holds it from writing a journal to removing it, and
+recovers under it. Whoever moves a failed log away (a replay, retention) takes that lock and
+recovers first (`quiet_failed_log`): a journal found then belongs to a pass that died, and the
+file moved holds no line that the next pass appends again. (Without it, a replay taking a file
+with a dead pass's lines would bring them back while their groups are appended again.) The inode
+check still leaves a moved or recreated file alone. Spools are fsynced by the executors,
 manifests, journals and the failed log here, so a power loss loses none of it either.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,15 +94,8 @@ def append_spools(failed_dir: Path, dest_id: str, spools: Iterable[Path]) -> int
     Returns the number of bytes appended. Missing spools are ignored: a retry may have removed them.
     """
     failed_dir.mkdir(parents=True, exist_ok=True)
-    written = 0
     with failed_log_path(failed_dir, dest_id).open("ab") as out:
-        for spool in spools:
-            try:
-                with spool.open("rb") as src:
-                    shutil.copyfileobj(src, out, COPY_CHUNK)
-                    written += src.tell()
-            except FileNotFoundError:
-                continue
+        written = _copy(spools, out)
         out.flush()
         os.fsync(out.fileno())  # before the caller removes what it appended
     return written
@@ -178,11 +178,37 @@ def journal_path(failed_dir: Path, dest_id: str) -> Path:
     return failed_dir / PENDING_DIR / f"{JOURNAL_PREFIX}{quote(dest_id, safe='')}.json"
 
 
+@contextmanager
+def appending(failed_dir: Path) -> Iterator[None]:
+    """Holds the append lock of the batch failed logs (module docstring): blocks while a pass
+    appends or recovers, in this process (another thread) or another one. Never nested. The lock
+    is an `flock` of the `failed/` folder itself: no file of its own to list or to keep."""
+    failed_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(failed_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def quiet_failed_log(failed_dir: Path, dest_id: str) -> Iterator[None]:
+    """For moving the failed log of `dest_id` away (a replay, retention): no append is in flight
+    while this holds, and what a dead pass may have appended is cut off first (its groups stay
+    parked: the next pass appends them to the new file)."""
+    with appending(failed_dir):
+        if _recover(failed_dir, dest_id):
+            log.info("destination %s: the failed-log appends of a pass cut short were undone", dest_id)
+        yield
+
+
 def append_groups(
     failed_dir: Path, dest_id: str, groups: list[ParkedSpools], fault: Callable[[str], None] | None = None
 ) -> Path | None:
     """Appends the groups to the failed log of `dest_id` under a journal (module docstring, step 2);
-    returns the journal, for `finish_appends` once the groups' outcomes are durable."""
+    returns the journal, for `finish_appends` once the groups' outcomes are durable. The caller
+    holds `appending` until then."""
     if not groups:
         return None
     target = failed_log_path(failed_dir, dest_id)
@@ -239,7 +265,8 @@ def finish_appends(failed_dir: Path, journals: Iterable[Path | None], groups: It
 
 def append_settled(failed_dir: Path, dest_id: str, groups: list[ParkedSpools]) -> None:
     """Appends groups whose outcome is already durable (a committed pair, a recovered group) and removes them."""
-    finish_appends(failed_dir, [append_groups(failed_dir, dest_id, groups)], groups)
+    with appending(failed_dir):
+        finish_appends(failed_dir, [append_groups(failed_dir, dest_id, groups)], groups)
 
 
 def _read_journal(path: Path) -> dict[str, Any] | None:
@@ -253,13 +280,19 @@ def _read_journal(path: Path) -> dict[str, Any] | None:
 def recover_journal(failed_dir: Path, dest_id: str) -> bool:
     """Undoes what a pass cut short may have appended to the failed log of `dest_id` (module
     docstring); True when there was a journal. Needs no connection; idempotent."""
+    with appending(failed_dir):
+        return _recover(failed_dir, dest_id)
+
+
+def _recover(failed_dir: Path, dest_id: str) -> bool:
     journal = journal_path(failed_dir, dest_id)
     record = _read_journal(journal)
     if record is None:
         journal.unlink(missing_ok=True)  # never half-written (replace_file): only a foreign file
         return False
     if record.get("done"):
-        names = set(record.get("groups") or ())
+        listed = record.get("groups")
+        names = {name for name in listed if isinstance(name, str)} if isinstance(listed, list) else set()
         remove_groups(group for group in parked_spools(failed_dir) if group.manifest.parent.name in names)
     else:
         _truncate(failed_log_path(failed_dir, dest_id), record.get("inode"), record.get("start"))

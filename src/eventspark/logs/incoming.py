@@ -117,8 +117,8 @@ class AppendOnlyFile:
         self.lines = 0
         self._fd: int | None = None
         self._lock = threading.Lock()
-        self._last: tuple[int, int] | None = None
-        """(offset, lines) of the last write, for `undo_last`."""
+        self._sync_error: OSError | None = None
+        """An fsync by `close` that failed: the next `fsync` raises it (see `fsync`)."""
 
     def write(self, data: bytes, lines: int = 1) -> None:
         """Appends `data` (whole lines); on error the file is cut back so no partial line remains."""
@@ -135,18 +135,16 @@ class AppendOnlyFile:
             raise
         self.size = start + len(data)
         self.lines += lines
-        self._last = (start, lines)
 
-    def undo_last(self) -> None:
-        """Cuts off what the last `write` appended: its request was refused after all (another
-        file of the request could not be written), so its lines must not be loaded either."""
-        if self._fd is None or self._last is None:
+    def undo(self, size: int, lines: int) -> None:
+        """Cuts off the last `write` (of `size` bytes, `lines` lines; nothing written since): its
+        request was refused after all (another of its files failed), so its lines must not be
+        loaded either."""
+        if self._fd is None:
             return
-        start, lines = self._last
-        self._last = None
         with contextlib.suppress(OSError):  # cannot fail on a regular file we write
-            os.ftruncate(self._fd, start)
-            self.size, self.lines = start, self.lines - lines
+            os.ftruncate(self._fd, self.size - size)
+            self.size, self.lines = self.size - size, self.lines - lines
 
     def _write_rest(self, fd: int, view: memoryview) -> None:
         while view:
@@ -164,8 +162,14 @@ class AppendOnlyFile:
             os.ftruncate(fd, size)
 
     def fsync(self) -> None:
-        """Forces written data to disk; a no-op when the file is closed (close syncs first)."""
+        """Forces written data to disk; a no-op when the file is closed (close syncs first).
+
+        When the fsync of a `close` (rotation) failed, lines written before it whose requests
+        still wait for the group commit were not synced: this call raises that error (once)."""
         with self._lock:
+            error, self._sync_error = self._sync_error, None
+            if error is not None:
+                raise error
             if self._fd is not None:
                 os.fsync(self._fd)
 
@@ -176,10 +180,12 @@ class AppendOnlyFile:
             try:
                 if sync:
                     os.fsync(self._fd)
+            except OSError as exc:
+                self._sync_error = exc
+                raise
             finally:
                 os.close(self._fd)
                 self._fd = None
-                self._last = None
 
 
 # --- this process's live logs ---------------------------------------------------------------------

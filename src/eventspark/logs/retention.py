@@ -15,16 +15,22 @@ What can go, what never does:
   rotated ones waiting for compression) are never removed, but count in the size. A day folder left
   empty goes, unless it is today's or yesterday's (UTC), where the archivers write.
 * `failed/failed.dst=<id>.log` (`logs.failed`): appended and never rotated, so a file goes whole;
-  its age is the time since its last modification. Writers (the batch driver, the stream worker)
-  open it per append, so it is first renamed aside (`failed/.retiring/<size>/<name>`): a write
-  that opened it before the rename and lands after `SETTLE_SECONDS` is copied back to the live
-  file, so no failure recorded after the decision is lost (a crash in between: the next run does it).
+  its age is the time since its last modification. Its writers never run during its removal
+  (`_retire_failed`): batch passes append under the node's batch lock (`batch.process`), which the
+  removal holds (a pass of another process running: failed files wait for the next run); the
+  stream worker writes into the file only through a descriptor it opens after writing its queue's
+  `recording.json` mark, and removes the mark after closing it and acknowledging the batch
+  (`stream.queue`, `stream.worker`). So the file is renamed aside
+  (`failed/.retiring/<size>/<name>`) only while no mark exists, and removed only if still no mark
+  exists and it did not grow; otherwise it is linked back unchanged (same inode: the journals and
+  marks that name it stay right). A crash in between: the next run puts it back and decides again.
 * `failed/replayed/<replay id>/` (`ops.replay`): a replayed failed file with its `replay.json`,
-  removed as one; its age is the replay's time (`at`). A replay still running (`state: started`,
-  record written less than `BUSY_REPLAY_SECONDS` ago: `ops.replay` holds no lock while it reads)
-  is never touched, nor the archive file or replayed folder it reads.
+  removed as one; its age is the replay's time (`at`). A replay still running (its process holds
+  the flock of its folder: `ops.fallback.replay_is_running`) is never touched, nor the archive
+  file or replayed folder it reads.
 * `failed/pending/` (spools parked by a batch pass in progress) is never touched; it counts. Nor is
-  a failed file whose destination has a journal there (a pass appending to it, or to recover).
+  a failed file whose destination has a journal there (a pass cut short, to recover), nor one whose
+  stream queue has a recording mark (an append in progress, or to cut back after a crash).
 
 Nothing modified less than `MIN_AGE_SEC` ago is removed by either rule. The size cap removes
 replayed folders first (their events were replayed), then failed files, each by age; when what
@@ -46,15 +52,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import orjson
 
 from eventspark.config.models import LogConfig
 from eventspark.logconfig import in_job
-from eventspark.logs.failed import PENDING_DIR
-from eventspark.ops.fallback import FAILED_DIR, RECORD_FILE, REPLAYED_DIR, failed_destination, read_record
+from eventspark.logs.failed import PENDING_DIR, journal_path
+from eventspark.ops.fallback import (
+    FAILED_DIR,
+    RECORD_FILE,
+    REPLAYED_DIR,
+    failed_destination,
+    read_record,
+    replay_is_running,
+)
 from eventspark.ops.state import STATE_DIR
+from eventspark.stream.queue import RECORDING_FILE, queue_dir
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +80,6 @@ PERIOD_SEC = 300.0
 """How often the serving process applies the policy without a batch pass (stream-only nodes)."""
 MIN_AGE_SEC = 60.0
 """Nothing modified more recently than this is removed (a file being written, a replay starting)."""
-BUSY_REPLAY_SECONDS = 3600.0
-"""A replay in state `started` whose record is younger than this is taken as running."""
-SETTLE_SECONDS = 0.1
-"""How long a failed file renamed aside must not grow before it is removed (`ops.replay` waits as long)."""
 COPY_CHUNK = 1024 * 1024
 _DAY = re.compile(r"^\d{4}-\d\d-\d\d$")
 
@@ -199,7 +208,7 @@ def archive_retention(
     """Applies the policy to `archive/` (module docstring); only measures when both are None."""
     now = time.time() if now is None else now
     root = log_path / ARCHIVE_DIR
-    scan = _scan_archive(root, _busy_sources(log_path, now), now)
+    scan = _scan_archive(root, _busy_sources(log_path), now)
     result = RetentionResult(ARCHIVE_DIR, scan.size, scan.files, kept=scan.kept)
     for entry, why in _select(scan.entries, scan.size, days, max_gb, now):
         try:
@@ -261,23 +270,49 @@ def failed_retention(
     """Applies the policy to `failed/` (module docstring); only measures when both are None."""
     now = time.time() if now is None else now
     root = log_path / FAILED_DIR
-    finish_retiring(root)
-    scan = _scan_failed(root, _busy_sources(log_path, now), now)
-    result = RetentionResult(FAILED_DIR, scan.size, scan.files, kept=scan.kept)
-    for entry, why in _select(scan.entries, scan.size, days, max_gb, now):
-        try:
-            if entry.kind == "replayed":
-                _remove_replayed(entry.path)
-            else:
-                _retire_failed(root, entry.path, entry.size)
-        except FileNotFoundError:
-            continue  # replayed meanwhile
-        except OSError as exc:
-            log.warning("retention: cannot remove %s: %s", entry.path, exc)
-            continue
-        _removed(result, log_path, entry, why)
+    with _no_batch_pass(log_path, days is not None or max_gb is not None) as quiet:
+        finish_retiring(root)
+        scan = _scan_failed(root, _busy_sources(log_path), now)
+        if not quiet:  # a pass of another process may be appending: failed files wait
+            scan.kept += sum(entry.kind == "failed" for entry in scan.entries)
+            scan.entries = [entry for entry in scan.entries if entry.kind != "failed"]
+        result = RetentionResult(FAILED_DIR, scan.size, scan.files, kept=scan.kept)
+        for entry, why in _select(scan.entries, scan.size, days, max_gb, now):
+            _remove_failed_entry(result, log_path, entry, why)
     _summary(result, max_gb)
     return result
+
+
+@contextlib.contextmanager
+def _no_batch_pass(log_path: Path, wanted: bool) -> Iterator[bool]:
+    """Holds the node's batch lock while failed files are removed (no pass appends meanwhile; one
+    of this process is waited for); False when another process runs a pass, or not `wanted`."""
+    from eventspark.batch.process import PassBusy, batch_lock
+
+    if not wanted:
+        yield False
+        return
+    try:
+        with batch_lock(log_path / "incoming"):
+            yield True
+    except PassBusy:
+        log.info("retention: a batch pass of another process is running: failed files wait for the next run")
+        yield False
+
+
+def _remove_failed_entry(result: RetentionResult, log_path: Path, entry: _Entry, why: str) -> None:
+    try:
+        if entry.kind == "replayed":
+            _remove_replayed(entry.path)
+        elif not _retire_failed(log_path, entry.path):
+            result.kept += 1
+            return
+    except FileNotFoundError:
+        return  # replayed meanwhile
+    except OSError as exc:
+        log.warning("retention: cannot remove %s: %s", entry.path, exc)
+        return
+    _removed(result, log_path, entry, why)
 
 
 def _scan_failed(root: Path, busy: set[Path], now: float) -> _Scan:
@@ -302,7 +337,7 @@ def _scan_failed(root: Path, busy: set[Path], now: float) -> _Scan:
         dest_id = failed_destination(item.name)
         if dest_id is None or not item.is_file(follow_symlinks=False):
             continue  # not a failed file (a lock, a temporary file): left alone
-        if _journaled(root, dest_id) or _recent(stat.st_mtime, now):
+        if _journaled(root, dest_id) or _recording(root.parent, dest_id) or _recent(stat.st_mtime, now):
             scan.kept += 1
             continue
         scan.entries.append(_Entry(path, stat.st_size, 1, stat.st_mtime, "failed"))
@@ -310,10 +345,16 @@ def _scan_failed(root: Path, busy: set[Path], now: float) -> _Scan:
 
 
 def _journaled(root: Path, dest_id: str) -> bool:
-    """Whether a batch pass is appending to the destination's failed log, or must recover it after
-    a crash (its journal in `failed/pending/`, `logs.failed`): the journal holds the log's inode
-    and size, so the file stays until the journal is gone."""
-    return (root / PENDING_DIR / f"journal.dst={quote(dest_id, safe='')}.json").exists()
+    """Whether a batch pass must recover the destination's failed log after a crash (its journal
+    in `failed/pending/`, `logs.failed`): the journal holds the log's inode and size, so the file
+    stays until the journal is gone."""
+    return journal_path(root, dest_id).exists()
+
+
+def _recording(log_path: Path, dest_id: str) -> bool:
+    """Whether the stream worker of the destination is appending to its failed log, or must cut it
+    back after a crash (`stream.queue.QueueReader.mark_recording`)."""
+    return (queue_dir(log_path, dest_id) / RECORDING_FILE).exists()
 
 
 def _scan_replayed(root: Path, busy: set[Path], now: float, scan: _Scan) -> None:
@@ -349,59 +390,85 @@ def _remove_replayed(folder: Path) -> None:
     folder.rmdir()
 
 
-def _retire_failed(root: Path, path: Path, size: int) -> None:
-    """Renames a failed file aside, gives a writer that opened it before `SETTLE_SECONDS` to
-    finish, copies what it appended after `size` back to the live file, then removes it."""
-    aside = root / RETIRING_DIR / str(size) / path.name
+def _retire_failed(log_path: Path, path: Path) -> bool:
+    """Removes a failed file under the batch lock (module docstring); False, leaving the file as it
+    was, when the stream worker started an append meanwhile (its mark, or the file grew)."""
+    dest_id = failed_destination(path.name) or ""
+    before = path.stat()
+    if _recording(log_path, dest_id) or _recent(before.st_mtime, time.time()):
+        return False
+    aside = path.parent / RETIRING_DIR / str(before.st_size) / path.name
     aside.parent.mkdir(parents=True, exist_ok=True)
     os.rename(path, aside)
-    _finish(aside, path, size, wait=True)
+    after = aside.stat()
+    # No mark now, none before the rename: no append was under way across it (the worker writes
+    # only through a file it opens after writing its mark, and removes the mark after closing
+    # it), and one that ran in between made it grow.
+    quiet = not _recording(log_path, dest_id) and (after.st_size, after.st_mtime_ns) == (
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    if quiet:
+        aside.unlink()
+        _rmdir_quietly(aside.parent)
+    else:
+        _put_back(aside, path, before.st_size)
+        log.info("retention: %s is being appended to: kept for now", path.name)
     _rmdir_quietly(aside.parent.parent)
+    return quiet
 
 
 def finish_retiring(root: Path) -> None:
-    """Ends the removals a crash cut short (`failed/.retiring/<size>/<name>`)."""
+    """Puts back the failed files a crash left aside (`failed/.retiring/<size>/<name>`): the
+    policy then decides again."""
     retiring = root / RETIRING_DIR
     for folder in _scandir(retiring):
         if not folder.is_dir(follow_symlinks=False) or not folder.name.isdigit():
             continue
         for item in _scandir(Path(folder.path)):
-            _finish(Path(item.path), root / item.name, int(folder.name), wait=False)
+            _put_back(Path(item.path), root / item.name, int(folder.name))
         _rmdir_quietly(Path(folder.path))
     _rmdir_quietly(retiring)
 
 
-def _finish(aside: Path, live: Path, size: int, wait: bool) -> None:
-    last = -1
-    while wait and (current := aside.stat().st_size) != last:
-        last = current
-        time.sleep(SETTLE_SECONDS)
-    grown = aside.stat().st_size - size
-    if grown > 0:
-        with aside.open("rb") as src, live.open("ab") as out:
-            src.seek(size)
-            shutil.copyfileobj(src, out, COPY_CHUNK)
-            out.flush()
-            os.fsync(out.fileno())
-        log.info("retention: %d bytes appended to %s while it was removed were put back", grown, live.name)
+def _put_back(aside: Path, live: Path, size: int) -> None:
+    """The same file (inode) back under its name; when a writer has created a new one meanwhile,
+    what went aside after its first `size` bytes is appended to that one instead."""
+    try:
+        os.link(aside, live)
+    except FileExistsError:
+        _append_tail(aside, live, size)
+    except OSError:  # a file system without hard links: renamed back, unless a new one exists
+        if live.exists():
+            _append_tail(aside, live, size)
+        else:
+            os.rename(aside, live)
+            _rmdir_quietly(aside.parent)
+            return
     aside.unlink()
     _rmdir_quietly(aside.parent)
+
+
+def _append_tail(aside: Path, live: Path, size: int) -> None:
+    with aside.open("rb") as src, live.open("ab") as out:
+        src.seek(size)
+        shutil.copyfileobj(src, out, COPY_CHUNK)
+        out.flush()
+        os.fsync(out.fileno())
 
 
 # --- shared ---------------------------------------------------------------------------------------
 
 
-def _busy_sources(log_path: Path, now: float) -> set[Path]:
+def _busy_sources(log_path: Path) -> set[Path]:
     """What running replays read: their archived source or replayed folder (`ops.replay` records)."""
     busy: set[Path] = set()
     root = log_path / FAILED_DIR / REPLAYED_DIR
     for item in _scandir(root):
         folder = Path(item.path)
         record = read_record(folder) if item.is_dir(follow_symlinks=False) else None
-        if record is None or record.get("state") != "started":
-            continue
-        if now - _mtime(folder / RECORD_FILE) >= BUSY_REPLAY_SECONDS:
-            continue  # the process that ran it died: nothing reads it
+        if record is None or record.get("state") != "started" or not replay_is_running(folder):
+            continue  # finished, or the process that ran it died: nothing reads it
         busy.add(folder)
         source = record.get("source")
         if isinstance(source, str) and ".." not in source.split("/"):

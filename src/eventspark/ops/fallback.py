@@ -4,11 +4,15 @@
 appended by the batch driver and by the stream worker; it never rotates. A replay
 (`ops.replay`) moves the file into `failed/replayed/<replay id>/` before reading it, so new
 failures start a new `failed.dst=<id>.log` and the listing shows what remains; the moved file
-stays there with the replay's record (`replay.json`), never deleted.
+stays there with the replay's record (`replay.json`), until the retention policy of `failed/`
+removes the folder (`logs.retention`; never while its replay runs: `replay_running`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -51,6 +55,34 @@ def read_record(folder: Path) -> dict[str, Any] | None:
     except (FileNotFoundError, NotADirectoryError, orjson.JSONDecodeError):
         return None
     return record
+
+
+@contextlib.contextmanager
+def replay_running(folder: Path) -> Iterator[None]:
+    """Held by a replay while it hands its events over (`ops.replay.hand_over`): an flock on its
+    folder, which the kernel releases when the process dies, so a dead replay is never taken for
+    a running one."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a folder of its own: nobody else holds it long
+        yield
+    finally:
+        os.close(fd)
+
+
+def replay_is_running(folder: Path) -> bool:
+    """Whether a process holds `replay_running` on a replay's folder."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False  # removed meanwhile
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def replay_records(log_path: Path) -> Iterator[tuple[Path, dict[str, Any]]]:

@@ -12,8 +12,10 @@ replayed already (409, unless forced). `hand_over` then gives the events durably
 
 A failed file is first *moved* into `failed/replayed/<replay id>/` (never removed): new failures,
 including the events of this replay that fail again, go to a new `failed.dst=<id>.log`, so the
-listing shows what remains. Failed records are replayed from their original `event`. The writers
-are in `ops.replay_sinks`.
+listing shows what remains. The move waits for a batch pass's appends to that file and first cuts
+off what a pass that died while appending left (`logs.failed.quiet_failed_log`: those lines go to
+the new file, once). Failed records are replayed from their original `event`. The writers are in
+`ops.replay_sinks`.
 
 The record (`failed/replayed/<id>/replay.json`) says how far a replay got: `state` `started`
 (running, or the process died: some events may have been handed over), `interrupted` (an error:
@@ -45,10 +47,18 @@ import orjson
 from eventspark.config import LoadedConfig
 from eventspark.config.models import Config
 from eventspark.config.routing import token_routes
+from eventspark.logs.failed import quiet_failed_log
 from eventspark.logs.incoming import ServerLock, ServerLockHeld, parse_log_name
 from eventspark.logs.replay import replay_destination
 from eventspark.logs.status import replace_file, sync_dir
-from eventspark.ops.fallback import FAILED_DIR, RECORD_FILE, REPLAYED_DIR, failed_destination, replay_records
+from eventspark.ops.fallback import (
+    FAILED_DIR,
+    RECORD_FILE,
+    REPLAYED_DIR,
+    failed_destination,
+    replay_records,
+    replay_running,
+)
 from eventspark.ops.passes import request_pass, wait_answer
 from eventspark.ops.replay_sinks import Sink, SinkBusy, open_sink, write_all
 
@@ -297,7 +307,13 @@ def event_line(line: bytes, file_format: str) -> bytes | None:
 
 def hand_over(config: Config, plan: ReplayPlan) -> dict[str, Any]:
     """Moves a failed file aside, writes its events durably to every target, records the replay;
-    returns the record (`failed/replayed/<id>/replay.json`)."""
+    returns the record (`failed/replayed/<id>/replay.json`). Its folder is locked until it returns
+    (`ops.fallback.replay_running`: the retention of `failed/` leaves a running replay alone)."""
+    with contextlib.ExitStack() as running:
+        return _hand_over(config, plan, running)
+
+
+def _hand_over(config: Config, plan: ReplayPlan, running: contextlib.ExitStack) -> dict[str, Any]:
     log_path = Path(config.log.path)
     root = log_path / FAILED_DIR / REPLAYED_DIR
     root.mkdir(parents=True, exist_ok=True)
@@ -308,6 +324,7 @@ def hand_over(config: Config, plan: ReplayPlan) -> dict[str, Any]:
         if plan.kind != "failed" and earlier_replays(log_path, plan) != plan.previous:
             raise ReplayError(409, "Replayed meanwhile", f"{plan.file_name} was just replayed by another request")
         folder.mkdir()
+        running.enter_context(replay_running(folder))
         record: dict[str, Any] = {
             "id": replay_id,
             "at": now.isoformat(),
@@ -321,7 +338,7 @@ def hand_over(config: Config, plan: ReplayPlan) -> dict[str, Any]:
             # Moved first: failures appended from now on (this replay's too) start a new file.
             source = folder / plan.path.name
             try:
-                os.rename(plan.path, source)
+                _move_failed(plan.path, source)
             except FileNotFoundError:
                 folder.rmdir()
                 raise ReplayError(
@@ -341,6 +358,14 @@ def hand_over(config: Config, plan: ReplayPlan) -> dict[str, Any]:
     record.update(counts, state="handed")
     _write_record(folder, record)
     return record
+
+
+def _move_failed(path: Path, to: Path) -> None:
+    """Renames a failed log with no batch append in flight, and without the lines a pass that
+    died while appending left at its end: their groups are still parked and the next pass appends
+    them to the new file, so that the replay does not bring them back too (`logs.failed`)."""
+    with quiet_failed_log(path.parent, failed_destination(path.name) or ""):
+        os.rename(path, to)
 
 
 def _copy_events(log_path: Path, source: Path, plan: ReplayPlan, record: dict[str, Any]) -> dict[str, int]:

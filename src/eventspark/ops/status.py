@@ -77,7 +77,7 @@ class DestinationStatus:
     last_error: str = ""
     last_error_at: float | None = None
     retry_attempts: int = 0
-    """Consecutive failed delivery attempts (stream: of the micro-batch its worker holds, from
+    """Consecutive failed delivery attempts (stream: since the destination's last progress, from
     `retry.json` in its queue); 0 while deliveries succeed."""
     retry_oldest_age: float | None = None
     """Seconds since the first of those failed attempts (the retry policy's age); None: not failing."""

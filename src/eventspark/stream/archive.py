@@ -66,25 +66,9 @@ class StreamArchive:
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
             created = not self.path.exists()
             self._fd = os.open(self.path, flags, 0o644)
-        fd = self._fd
-        start = os.fstat(fd).st_size
-        data = b"\n".join(lines) + b"\n"
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if sync:
-                os.fsync(fd)
-        except BaseException:
-            with contextlib.suppress(OSError):  # the original error is the one worth reporting
-                os.ftruncate(fd, start)
-            raise
+        append_whole(self._fd, b"\n".join(lines) + b"\n", sync)
         if sync and created:  # the new file's name too
-            dir_fd = os.open(self.archive_dir, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            fsync_dir(self.archive_dir)
         self._day = (now or datetime.now(UTC)).date()
 
     def rotate_if_due(self, now: datetime | None = None) -> Path | None:
@@ -132,3 +116,30 @@ def _compress_all(paths: list[Path], archive_dir: Path, day: datetime | None) ->
             archive_log(path, archive_dir, when)
         except OSError:
             log.exception("archiving %s failed; retried when the archive is next opened", path)
+
+
+def append_whole(fd: int, data: bytes, sync: bool) -> int:
+    """Appends `data` to `fd` (opened with O_APPEND) whole or not at all: a write that fails (a full
+    disk) is cut back, so no torn line is left; with `sync`, on disk before returning. Returns the
+    file's size before the append."""
+    start = os.fstat(fd).st_size
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if sync:
+            os.fsync(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):  # the original error is the one worth reporting
+            os.ftruncate(fd, start)
+        raise
+    return start
+
+
+def fsync_dir(directory: Path) -> None:
+    """Makes the names in `directory` durable (a new file's)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -142,6 +142,8 @@ class StreamWorkers:
         self.config = loaded.config
         new = self.config.destinations
         stale = [d for d in self.workers if d not in new or new[d].mode != "stream" or new[d] != old.get(d)]
+        # The global `retry:` section and `server.fsync` change a worker's settings too.
+        stale += [d for d in self.workers if d not in stale and self.settings_for(new[d]) != self.workers[d].settings]
         for dest_id in stale:
             self.workers[dest_id].request_stop()
         for dest_id in stale:

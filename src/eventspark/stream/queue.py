@@ -27,8 +27,9 @@ Files in the directory:
   maximum age counts across restarts; deleted by the next success. Read by `eventspark status`
   and the `eventspark_retry_*` gauges.
 * `recording.json` — while the consumer appends a micro-batch's failed events to its failed log
-  and until it acknowledges them: the log's size before the append (`RecordingMark`), so that a
-  crash in between does not leave the failed lines twice (the batch is delivered again).
+  and until it acknowledges them: the log's inode, its size before the append and after it
+  (`mark_recording`), so that a crash in between does not leave the failed lines twice (the batch
+  is delivered again).
 
 Crash safety: each record reaches the OS with one `os.write` before `append` returns (the
 collector answers 200 after that), so killing a writer loses nothing it acknowledged. A writer
@@ -194,6 +195,9 @@ class QueueWriter:
         self._fd_lock = threading.Lock()  # fsync runs on the group-commit thread
         self._syncing = False
         """Set by the first `fsync` (server.fsync): a segment is then fsynced when it is ended."""
+        self._sync_error: OSError | None = None
+        """That fsync of an ended segment failed: the next `fsync` raises it (its records' requests
+        may still wait for the group commit, which fsyncs only the current segment)."""
         self._wakeup: threading.Event | None = None
 
     def append(self, data: bytes, lines: int = 1) -> None:
@@ -256,13 +260,18 @@ class QueueWriter:
         old = self._fd
         if old is not None:
             self._write(END_OF_SEGMENT)
+            # Under the lock: a group commit waiting for records of this segment must not find
+            # it gone (a no-op fsync) before it is synced here, or miss the error.
             with self._fd_lock:
                 self._fd = None
-            try:
-                if self._syncing:  # group commit fsyncs the current segment only: this one now
-                    os.fsync(old)
-            finally:
-                os.close(old)
+                try:
+                    if self._syncing:  # group commit fsyncs the current segment only: this one now
+                        os.fsync(old)
+                except OSError as exc:
+                    self._sync_error = exc
+                    raise
+                finally:
+                    os.close(old)
         self._new_segment(self._seq + 1)
 
     def write(self, data: bytes, lines: int = 1) -> None:
@@ -279,6 +288,9 @@ class QueueWriter:
         """Forces appended records to disk; a no-op before the first append or after close."""
         self._syncing = True
         with self._fd_lock:
+            error, self._sync_error = self._sync_error, None
+            if error is not None:
+                raise error
             if self._fd is not None:
                 os.fsync(self._fd)
 
@@ -501,16 +513,24 @@ class QueueReader:
         """What `ack` would record now: the read position per writer."""
         return {part.writer: [part.seq, part.position] for part in self._partitions.values()}
 
-    def mark_recording(self, failed_log: Path) -> None:
-        """Before appending a micro-batch's failed events to `failed_log`: its size (and inode) now,
-        with the positions the coming `ack` records. A process that dies before that `ack`
-        redelivers the batch, so `open` cuts what it appended (`_recover_recording`)."""
+    def mark_recording(self, failed_log: Path, length: int) -> None:
+        """Before appending `length` bytes of a micro-batch's failed events to `failed_log`
+        (created here when missing): its inode and size now, with the positions the coming `ack`
+        records. A process that dies before that `ack` redelivers the batch, so `open` cuts what it
+        appended (`_recover_recording`)."""
+        failed_log.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(failed_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            stat = os.stat(failed_log)
-            size, inode = stat.st_size, stat.st_ino
-        except FileNotFoundError:
-            size, inode = 0, 0  # created by the append: cut back to empty
-        mark = {"path": str(failed_log), "size": size, "inode": inode, "ack": self.positions()}
+            stat = os.fstat(fd)
+        finally:
+            os.close(fd)
+        mark = {
+            "path": str(failed_log),
+            "inode": stat.st_ino,
+            "size": stat.st_size,
+            "end": stat.st_size + length,
+            "ack": self.positions(),
+        }
         _replace_file(self.path / RECORDING_FILE, orjson.dumps(mark), self.fsync)
 
     def end_recording(self) -> None:
@@ -521,11 +541,14 @@ class QueueReader:
     def _recover_recording(self, offsets: dict[str, tuple[int, int]]) -> None:
         """A mark left by a process that died while it recorded a batch: when its `ack` did not
         happen, the failed lines it appended are cut off (the batch is read and fails again).
-        Only this consumer appends to its destination's failed log; a replay moves the file away,
-        and a moved or replaced file (another inode) is left alone."""
+        Only this consumer appends to its destination's failed log while it streams; a replay or
+        the retention moves the file away, and a moved or replaced file (another inode) is left
+        alone, as is one that grew past the mark's end (someone appended after these lines: a batch
+        pass after the destination left stream mode and before it came back)."""
         try:
             mark = orjson.loads((self.path / RECORDING_FILE).read_bytes())
-            target, size, inode = Path(mark["path"]), int(mark["size"]), int(mark["inode"])
+            target, inode = Path(mark["path"]), int(mark["inode"])
+            size, end = int(mark["size"]), int(mark["end"])
             acked = {str(w): (int(v[0]), int(v[1])) for w, v in mark["ack"].items()}
         except FileNotFoundError:
             return
@@ -535,7 +558,7 @@ class QueueReader:
             return
         # Acknowledged then (or later, when the mark outlived its ack): every writer at or past it.
         if not all(writer in offsets and offsets[writer] >= position for writer, position in acked.items()):
-            _cut_back(target, size, inode)
+            _cut_back(target, inode, size, end)
         self.end_recording()
 
     def rewind(self) -> None:
@@ -575,15 +598,16 @@ class QueueReader:
             part.fd = None
 
 
-def _cut_back(path: Path, size: int, inode: int) -> None:
-    """Truncates `path` to `size` bytes when it is still the file the mark was taken of."""
+def _cut_back(path: Path, inode: int, size: int, end: int) -> None:
+    """Truncates `path` to `size` bytes when it is still the file the mark was taken of and ends
+    within the `size`..`end` bytes that run appended (or began to)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return
     try:
         stat = os.fstat(fd)
-        if (inode == 0 or stat.st_ino == inode) and stat.st_size > size:
+        if stat.st_ino == inode and size < stat.st_size <= end:
             os.ftruncate(fd, size)
             os.fsync(fd)
             log.warning("%s: cut %d bytes appended by a run that died before its ack", path, stat.st_size - size)

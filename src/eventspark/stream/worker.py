@@ -9,12 +9,14 @@ to the load: while one batch is inserted, the next one queues up.
 
 When the warehouse or the coordination store cannot be reached, the batch stays in memory (and in
 the queue) and is retried with the destination's retry policy (`eventspark.retry`: exponential
-backoff from `retry_min_sec` up to `retry_max_sec`). The first failed attempt since the last
-success is kept in the queue's `retry.json`, so the policy's maximum age counts across restarts;
-past it, the rows that still fail go to `failed/` with `gave up after N attempts in H h: <last
-error>` and the worker goes on (and, while the destination keeps failing, so does every batch
-after one failed attempt, until a delivery succeeds). A worker stopped or killed before the
-acknowledgement redelivers the batch when it starts again.
+backoff from `retry_min_sec` up to `retry_max_sec`). The first failed attempt since the destination
+last made progress (a delivery, or a partial one that decided some rows) is kept in the queue's
+`retry.json`, so the policy's maximum age counts across restarts; past it, the rows that still fail
+go to `failed/` with `gave up after N attempts in H h: <last error>` and the worker goes on. While
+the destination keeps failing, the rows read next get `LATE_ATTEMPTS` attempts each (base back-off)
+before they follow: a dead destination drains its queue into `failed/` instead of growing it, and
+the first success starts the clock again. A worker stopped or killed before the acknowledgement
+redelivers the batch when it starts again.
 
 Bugs do not block the queue: a step that raises on an event fails that event alone (the others go
 through the chain again one by one, from their queued lines); a delivery that raises something
@@ -48,14 +50,14 @@ import orjson
 
 from eventspark.coordination import CoordinationError
 from eventspark.destinations.base import PartlyDelivered, TransientError
-from eventspark.logs.failed import event_error_line, event_id_of, failed_log_path
+from eventspark.logs.failed import appending, event_error_line, event_id_of, failed_log_path
 from eventspark.ops.cache_results import StreamResults
 from eventspark.ops.metrics import pipeline_metrics, record_stream_batch, record_stream_retry
 from eventspark.recognition.stream import StreamRecognition
 from eventspark.retry import DEFAULT_MAX_AGE_HOURS, RetryPolicy, give_up_reason
 from eventspark.steps.chain import ChainResult, DestinationChain, Failure, Row
 from eventspark.steps.context import ensure_event_id
-from eventspark.stream.archive import StreamArchive
+from eventspark.stream.archive import StreamArchive, append_whole, fsync_dir
 from eventspark.stream.delivery import EventDelivery, TableDelivery
 from eventspark.stream.queue import (
     QueueBusy,
@@ -78,6 +80,10 @@ HELD_EVENTS_FACTOR = 4
 many events in memory (`StreamSettings.max_held_events`), then inserts without waiting longer."""
 MAX_RETRY_AFTER = 3600.0
 """The longest wait a destination's `Retry-After` can impose on the worker (seconds)."""
+LATE_ATTEMPTS = 3
+"""Attempts rows still get when the destination has failed for longer than the maximum age already
+(rows read after a give-up, or after a restart): a blip as the warehouse comes back does not send
+them to `failed/` at the first error, and a destination that stays down drains its queue."""
 UNEXPECTED_ATTEMPTS = 3
 """Attempts of a delivery that raises an unexpected exception (neither a connection error nor a
 refusal: a bug, or an error an adapter does not classify) before its rows are isolated."""
@@ -448,7 +454,7 @@ class StreamWorker:
         `unexpected_budget` times, then the rows are isolated (`_isolate`)."""
         decided: dict[int, str | None] = {}
         pending = list(range(len(rows)))  # positions in `rows` not decided yet
-        unexpected = 0
+        unexpected = tries = 0
         while True:
             current = [rows[i] for i in pending] if decided else rows
             try:
@@ -457,14 +463,19 @@ class StreamWorker:
                 self._succeeded()
                 break
             except TRANSIENT as exc:
+                if self._stop.is_set():  # cut short by `request_stop`: not an attempt, nor a give-up
+                    raise _Stopped from exc
                 if isinstance(exc, PartlyDelivered):  # retry only the events not decided yet
                     for position, error in exc.decided.items():
                         decided[pending[position]] = error
                     pending = [i for i in pending if i not in decided]
+                    if exc.decided:  # the destination answered: only failures without progress age
+                        self._succeeded()
                 if not pending:
                     errors = []
                     break
-                wait = self._failed_attempt(table, exc)
+                tries += 1
+                wait = self._failed_attempt(table, exc, tries)
                 if wait is None:  # past the maximum age: these rows go to failed/
                     errors = [self._give_up_reason(exc)] * len(pending)
                     self._gave_up(table, len(pending))
@@ -505,12 +516,14 @@ class StreamWorker:
         # `failed_path` is <log.path>/failed/failed.dst=<id>.log: the records go under <log.path>/state.
         return self.failed_path.parent.parent
 
-    def _failed_attempt(self, table: str, exc: Exception) -> float | None:
-        """Counts a failed attempt (kept in the queue's `retry.json`); the wait before the next one,
-        never past the maximum age, or None when the maximum age is over."""
+    def _failed_attempt(self, table: str, exc: Exception, tries: int) -> float | None:
+        """Counts a failed attempt (kept in the queue's `retry.json`), the `tries`-th of these rows;
+        the wait before the next one, never past the maximum age, or None when the maximum age is
+        over and the rows had their `LATE_ATTEMPTS`."""
         record_stream_retry(self._log_path, self.dest_id, f"{table}: {exc}")
         now = self.clock()
         state = self.retry or RetryState(first_failure=now)
+        state.first_failure = min(state.first_failure, now)  # a clock set back must not stop the age
         state.attempts += 1
         state.last_attempt = now
         state.last_error = _reason(table, exc)
@@ -520,7 +533,7 @@ class StreamWorker:
         except OSError as write_error:  # a full disk: the age counts in memory meanwhile
             log.warning("stream %s: cannot write the retry state: %s", self.dest_id, write_error)
         if self.policy.expired(state.first_failure, now):
-            return None
+            return None if tries >= LATE_ATTEMPTS else self.policy.delay(tries)
         left = state.first_failure + self.policy.max_age_sec - now
         return max(0.0, min(self.policy.delay(state.attempts), left))
 
@@ -559,9 +572,12 @@ class StreamWorker:
         then: `QueueReader.mark_recording`). Each step once, however often a full disk makes it raise."""
         outcome = settling.outcome
         if outcome.failed and not settling.recorded_failed:
-            self.reader.mark_recording(self.failed_path)
             data = b"".join(_error_line(line, error) for line, error in outcome.failed)
-            _append(self.failed_path, data, self.settings.fsync)
+            # Under the append lock of failed/: a replay or the retention moves the log away under
+            # it, so never between the mark and the append, nor in the middle of the append.
+            with appending(self.failed_path.parent):
+                self.reader.mark_recording(self.failed_path, len(data))
+                _append(self.failed_path, data, self.settings.fsync)
             settling.recorded_failed = True
             for line, error in outcome.failed[:3]:
                 log.warning("stream %s: event failed: %s (%.200r)", self.dest_id, error, line)
@@ -599,29 +615,11 @@ def _append(path: Path, data: bytes, sync: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        start = os.fstat(fd).st_size
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if sync:
-                os.fsync(fd)
-        except BaseException:
-            with contextlib.suppress(OSError):  # the original error is the one worth reporting
-                os.ftruncate(fd, start)
-            raise
+        start = append_whole(fd, data, sync)
     finally:
         os.close(fd)
     if sync and start == 0:
-        _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(path.parent)
 
 
 def _error_line(line: bytes, error: str) -> bytes:

@@ -186,6 +186,8 @@ def _status() -> Schema:
             **dict.fromkeys(times, seconds),
             "last_error": {"type": "string"},
             "exact": {"type": "boolean", "description": "false when part of a count is an estimate"},
+            "retry_attempts": count | {"description": "consecutive failed delivery attempts (retry policy)"},
+            "retry_oldest_age": seconds | {"description": "seconds since the first of them; null: not failing"},
         },
     }
     answer = {
