@@ -3,11 +3,12 @@ and `eventspark serve` applying it by itself."""
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,18 @@ import httpx
 import orjson
 import pytest
 
-from eventspark.batch.process import BATCH_LOCK_FILE, batch_lock
+from eventspark.batch.process import batch_lock
 from eventspark.config import load_config
 from eventspark.config.models import LogConfig
 from eventspark.logs import retention
-from eventspark.logs.failed import failed_log_path
+from eventspark.logs.failed import (
+    append_settled,
+    appending,
+    failed_log_path,
+    journal_path,
+    park_spools,
+    parked_spools,
+)
 from eventspark.logs.retention import (
     GIB,
     Retention,
@@ -153,7 +161,6 @@ def test_failed_age_removes_files_untouched_for_long(tmp_path: Path) -> None:
     result = failed_retention(tmp_path, 3, None, NOW)
     assert [(r.path, r.size) for r in result.removed] == [("failed/failed.dst=old.log", 700)]
     assert not old.exists() and recent.exists()
-    assert not (tmp_path / "failed" / ".retiring").exists()
 
 
 def test_failed_cap_removes_replayed_folders_before_failed_files(tmp_path: Path) -> None:
@@ -179,8 +186,6 @@ def test_failed_pending_recent_and_running_replays_are_never_removed(tmp_path: P
     failed_dir = tmp_path / "failed"
     parked = plant(failed_dir / "pending" / "0123abcd" / "0.log", 5000, 30)
     recent = plant(failed_dir / "failed.dst=now.log", 100, 0)
-    appended = plant(failed_dir / "failed.dst=a b.log", 100, 30)  # a pass's journal names it
-    plant(failed_dir / "pending" / "journal.dst=a%20b.json", 100, 30)
     streaming = plant(failed_dir / "failed.dst=s.log", 100, 30)  # its stream worker's mark names it
     plant(queue_dir(tmp_path, "s") / RECORDING_FILE, 10, 30)
     running = replayed(tmp_path, "running", 30, 1000, state="started")
@@ -189,8 +194,8 @@ def test_failed_pending_recent_and_running_replays_are_never_removed(tmp_path: P
     with replay_running(running):
         result = failed_retention(tmp_path, 1, gib(1), NOW)
     assert sorted(r.path for r in result.removed) == ["failed/replayed/dead", "failed/replayed/interrupted"]
-    assert parked.exists() and recent.exists() and running.exists() and appended.exists() and streaming.exists()
-    assert result.kept == 5  # pending/, the journaled, recorded and recent files, the running replay
+    assert parked.exists() and recent.exists() and running.exists() and streaming.exists()
+    assert result.kept == 4  # pending/, the recorded and recent files, the running replay
 
 
 def test_a_replay_holds_its_folder_while_it_hands_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,60 +221,112 @@ def test_a_replay_holds_its_folder_while_it_hands_over(tmp_path: Path, monkeypat
 LATE = b'{"event":{"id":1},"error":"late","event_id":""}\n'
 
 
-def rename_hook(monkeypatch: pytest.MonkeyPatch, before: Any, after: Any) -> None:
-    """Runs `before` just before retention renames a failed file aside, `after` just after."""
-    real = os.rename
+def hook_lock(monkeypatch: pytest.MonkeyPatch, before: Any = None, inside: Any = None) -> None:
+    """Runs `before` just before retention takes a failed file's lock, `inside` once it holds it."""
+    real = retention.quiet_failed_log
 
-    def rename(source: Any, target: Any) -> None:
-        before()
-        real(source, target)
-        after()
+    @contextlib.contextmanager
+    def hooked(failed_dir: Path, dest_id: str) -> Iterator[None]:
+        if before is not None:
+            before()
+        with real(failed_dir, dest_id):
+            if inside is not None:
+                inside()
+            yield
 
-    monkeypatch.setattr(retention.os, "rename", rename)
+    monkeypatch.setattr(retention, "quiet_failed_log", hooked)
 
 
-def test_a_stream_append_across_the_rename_is_put_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stream worker marks and opens the file just before the rename and writes after it (it
-    may stall there for any time): the same file comes back, its line in it, nothing removed."""
+def record_failed(reader: QueueReader, path: Path, data: bytes) -> None:
+    """The stream worker's `_record`: its mark and its append under the append lock."""
+    with appending(path.parent):
+        reader.mark_recording(path, len(data))
+        stream_append(path, data, False)
+
+
+def test_a_stream_append_waits_while_retention_holds_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker records while retention decides: it waits, then appends to a new file, which its
+    mark names (not the inode removed)."""
     path = plant(tmp_path / "failed" / "failed.dst=s.log", 1000, 10)
-    inode, content = path.stat().st_ino, path.read_bytes()
-    mark = queue_dir(tmp_path, "s") / RECORDING_FILE
-    writers: list[Any] = []
+    reader = QueueReader(queue_dir(tmp_path, "s"))
+    reader.open()
+    worker = threading.Thread(target=record_failed, args=(reader, path, LATE))
+    seen: list[tuple[bool, int]] = []
 
-    def open_writer() -> None:
-        plant(mark, 10, 0)  # `mark_recording`, then `_append` opens
-        writers.append(path.open("ab"))
+    def inside() -> None:
+        worker.start()
+        worker.join(0.3)
+        seen.append((worker.is_alive(), path.stat().st_size))
 
-    rename_hook(monkeypatch, open_writer, lambda: None)
-    result = failed_retention(tmp_path, 1, None, NOW)
-    writers[0].write(LATE)  # after the retention's decision: it must land in the live file
-    writers[0].close()
-    assert result.removed == [] and result.kept == 1
-    assert path.stat().st_ino == inode and path.read_bytes() == content + LATE
-    assert not (tmp_path / "failed" / ".retiring").exists()
+    hook_lock(monkeypatch, inside=inside)
+    try:
+        result = failed_retention(tmp_path, 1, None, NOW)
+        worker.join(10)
+        mark = orjson.loads((queue_dir(tmp_path, "s") / RECORDING_FILE).read_bytes())
+    finally:
+        reader.close()
+    assert seen == [(True, 1000)]  # blocked: nothing appended while retention held the lock
+    assert [(r.path, r.size) for r in result.removed] == [("failed/failed.dst=s.log", 1000)]
+    assert path.read_bytes() == LATE and (mark["inode"], mark["size"]) == (path.stat().st_ino, 0)
 
 
-def test_an_append_finished_before_the_rename_keeps_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A whole append (mark, write, close, unmark) between the checks and the rename: the file grew."""
+@pytest.mark.parametrize("step", ["appended", "marked"])
+def test_a_stream_record_between_the_scan_and_the_lock_keeps_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """After the scan chose the file, the worker appends (the file grew), or writes its mark and
+    dies before appending (same size, a mark that a restart applies to this inode): kept as is."""
     path = plant(tmp_path / "failed" / "failed.dst=s.log", 1000, 10)
     content = path.read_bytes()
+    reader = QueueReader(queue_dir(tmp_path, "s"))
+    reader.open()
 
-    def append() -> None:
-        with path.open("ab") as file:
-            file.write(LATE)
+    def record() -> None:
+        if step == "appended":
+            record_failed(reader, path, LATE)
+            reader.ack()
+            reader.end_recording()
+        else:
+            with appending(path.parent):
+                reader.mark_recording(path, len(LATE))
 
-    rename_hook(monkeypatch, append, lambda: None)
+    hook_lock(monkeypatch, before=record)
+    try:
+        result = failed_retention(tmp_path, 1, None, NOW)
+    finally:
+        reader.close()
+    assert result.removed == [] and result.kept == 1
+    assert path.read_bytes() == (content + LATE if step == "appended" else content)
+
+
+def test_a_dead_pass_lines_are_cut_off_before_the_removal(tmp_path: Path) -> None:
+    """A pass died after appending a group (its journal not done): the removal takes the file
+    without them, no journal is left to cut a new file, and the next pass appends the group once."""
+    failed_dir = tmp_path / "failed"
+    path = plant(failed_dir / "failed.dst=pg.log", 1000, 10)
+    spool = tmp_path / "spool.log"
+    spool.write_bytes(LATE * 3)
+    group = park_spools(failed_dir, "incoming.tok=a.log", "pg", "t", [spool])
+    journal = {"dest": "pg", "inode": path.stat().st_ino, "start": 1000, "groups": [group.manifest.parent.name]}
+    (failed_dir / "pending").mkdir(exist_ok=True)
+    journal_path(failed_dir, "pg").write_bytes(orjson.dumps({**journal, "done": False}))
+    with path.open("ab") as file:  # what the pass appended before it died
+        file.write(LATE * 3)
+    os.utime(path, (NOW - 10 * DAY, NOW - 10 * DAY))
     result = failed_retention(tmp_path, 1, None, NOW)
-    assert result.removed == [] and path.read_bytes() == content + LATE
+    assert [(r.path, r.size) for r in result.removed] == [("failed/failed.dst=pg.log", 1000)]
+    assert not path.exists() and not journal_path(failed_dir, "pg").exists()
+    append_settled(failed_dir, "pg", parked_spools(failed_dir))  # the next pass
+    assert path.read_bytes() == LATE * 3 and parked_spools(failed_dir) == []
 
 
 def test_a_stream_worker_appending_throughout_loses_and_doubles_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The stream worker's real recording steps (`QueueReader.mark_recording`, `_append`, `ack`,
-    `end_recording`), stalling now and then between its open and its write as a busy process
-    does, against retention removing the file whenever it may: every line is either in a removed
-    file or in the live one, once."""
+    """The stream worker's real recording steps (`_record`: mark and append under the append
+    lock, then `ack`, `end_recording`), stalling now and then in its write as a busy process
+    does, against retention removing the file whenever it may: every line is either in a file
+    removed whole (whole lines) or in the live one, once."""
     reader = QueueReader(queue_dir(tmp_path, "s"))
     reader.open()
     path = failed_log_path(tmp_path / "failed", "s")
@@ -279,19 +336,18 @@ def test_a_stream_worker_appending_throughout_loses_and_doubles_nothing(
 
     def stalling_write(fd: int, data: Any) -> int:
         if threading.current_thread() is thread and len(sent) % 10 == 0:
-            time.sleep(0.15)  # a stall between the open and the write
+            time.sleep(0.15)  # a stall in the middle of the record, lock held
         return real_write(fd, data)
 
     def unlink(self: Path, missing_ok: bool = False) -> None:
-        if retention.RETIRING_DIR in self.parts and self.stat().st_nlink == 1:
-            removed.append(self.read_bytes()[: int(self.parent.name)])  # what retention deletes
+        if self == path and threading.current_thread() is not thread:
+            removed.append(self.read_bytes())  # what retention deletes
         real_unlink(self, missing_ok)
 
     def append_lines(stop: threading.Event) -> None:
         while not stop.is_set():
             data = f'{{"n":{len(sent)}}}\n'.encode()
-            reader.mark_recording(path, len(data))
-            stream_append(path, data, False)
+            record_failed(reader, path, data)
             reader.ack()
             reader.end_recording()
             sent.append(data)
@@ -306,63 +362,69 @@ def test_a_stream_worker_appending_throughout_loses_and_doubles_nothing(
     runs = 0
     deadline = time.monotonic() + 1.5
     try:
-        while time.monotonic() < deadline or not removed:
+        while time.monotonic() < deadline or len(removed) < 2:
             failed_retention(tmp_path, 0, None)
             runs += 1
             if time.monotonic() > deadline + 10:
-                pytest.fail(f"nothing removed in {runs} runs")
+                pytest.fail(f"{len(removed)} removal(s) in {runs} runs")
     finally:
         stop.set()
         thread.join(10)
         reader.close()
     kept = path.read_bytes().splitlines(keepends=True) if path.exists() else []
+    assert all(chunk.endswith(b"\n") for chunk in removed)  # whole lines only
     found = [line for chunk in removed for line in chunk.splitlines(keepends=True)] + kept
     assert sorted(found) == sorted(sent) and len(sent) > 10
 
 
-def test_failed_files_wait_for_a_batch_pass_of_another_process(tmp_path: Path) -> None:
-    """Its appends are not marked: the batch lock excludes them; replayed folders still go."""
+def test_failed_files_wait_for_appends_not_for_a_batch_pass(tmp_path: Path) -> None:
+    """A pass holding the batch lock (computing, loading) does not stop retention; one appending
+    (the append lock, taken by another open file as another process would) holds up only the
+    failed files, each alone: replayed folders go meanwhile."""
+    other = plant(tmp_path / "failed" / "failed.dst=other.log", 1000, 10)
+    with batch_lock(tmp_path / "incoming"):
+        assert [r.path for r in failed_retention(tmp_path, 1, None, NOW).removed] == ["failed/failed.dst=other.log"]
+    assert not other.exists()
     failed = plant(tmp_path / "failed" / "failed.dst=pg.log", 1000, 10)
     folder = replayed(tmp_path, "r1", 10, 100)
-    (tmp_path / "incoming").mkdir()
-    fd = os.open(tmp_path / "incoming" / BATCH_LOCK_FILE, os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: what `eventspark process` holds
-        result = failed_retention(tmp_path, 1, None, NOW)
-    finally:
-        os.close(fd)
-    assert [r.path for r in result.removed] == ["failed/replayed/r1"] and not folder.exists()
-    assert failed.exists() and result.kept == 1
-    assert [r.path for r in failed_retention(tmp_path, 1, None, NOW).removed] == ["failed/failed.dst=pg.log"]
-
-
-def test_failed_files_go_after_a_batch_pass_of_this_process(tmp_path: Path) -> None:
-    """A pass of the serving process: the retention thread waits for it, then removes."""
-    failed = plant(tmp_path / "failed" / "failed.dst=pg.log", 1000, 10)
     results: list[Any] = []
     runner = threading.Thread(target=lambda: results.append(failed_retention(tmp_path, 1, None, NOW)))
-    with batch_lock(tmp_path / "incoming"):
+    with appending(tmp_path / "failed"):
         runner.start()
-        runner.join(0.5)
-        assert failed.exists() and runner.is_alive()  # nothing removed while the pass may append
+        wait_until(lambda: not folder.exists(), "the replayed folder's removal")
+        runner.join(0.3)
+        assert failed.exists() and runner.is_alive()  # nothing removed while a pass may append
     runner.join(10)
-    assert [r.path for r in results[0].removed] == ["failed/failed.dst=pg.log"] and not failed.exists()
+    assert [r.path for r in results[0].removed] == ["failed/replayed/r1", "failed/failed.dst=pg.log"]
+    assert not failed.exists()
 
 
-def test_a_removal_cut_short_is_undone(tmp_path: Path) -> None:
-    """A crash between the rename aside and the removal: the next run puts the file back whole
-    (or, when a new one was started meanwhile, what went aside after the decision) and decides again."""
-    failed_dir = tmp_path / "failed"
-    aside = plant(failed_dir / ".retiring" / "1000" / "failed.dst=pg.log", 1000, 10)
-    with aside.open("ab") as file:
-        file.write(b"tail\n")
-    content = aside.read_bytes()
-    plant(failed_dir / ".retiring" / "500" / "failed.dst=s.log", 500, 10).open("ab").write(b"late\n")
-    live = failed_dir / "failed.dst=s.log"
-    live.write_bytes(b"new\n")
-    result = failed_retention(tmp_path, None, None, NOW)
-    assert (failed_dir / "failed.dst=pg.log").read_bytes() == content and live.read_bytes() == b"new\nlate\n"
-    assert not (failed_dir / ".retiring").exists() and result.size_before == 1005 + 9
+class Crash(BaseException):
+    """A process killed at this point."""
+
+
+def test_a_removal_cut_short_is_finished_by_the_next_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed before the unlink: the file is whole (nothing cut but a dead pass's lines) and the
+    lock released; a replayed folder half removed (its record removed last) is still dated and
+    goes whole next time."""
+    failed = plant(tmp_path / "failed" / "failed.dst=pg.log", 1000, 10)
+    content = failed.read_bytes()
+    half = replayed(tmp_path, "r1", 10, 100)
+    (half / "failed.dst=pg.log").unlink()  # the crash hit after its first file
+    real_unlink = Path.unlink
+
+    def crash(self: Path, missing_ok: bool = False) -> None:
+        if self == failed:
+            raise Crash
+        real_unlink(self, missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", crash)
+    with pytest.raises(Crash):
+        failed_retention(tmp_path, 1, None, NOW)
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    assert failed.read_bytes() == content and not half.exists()
+    result = failed_retention(tmp_path, 1, None, NOW)
+    assert [r.path for r in result.removed] == ["failed/failed.dst=pg.log"] and not failed.exists()
 
 
 def test_metrics_count_what_was_removed(tmp_path: Path) -> None:
@@ -447,17 +509,3 @@ def _wait_removed_metrics(url: str, timeout: float) -> dict[tuple[str, str], flo
         if found.get(("archive", "files")) or time.monotonic() > deadline:
             return found
         time.sleep(0.2)
-
-
-def test_put_back_without_hard_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file system that refuses `link`: the file is renamed back whole."""
-    aside = plant(tmp_path / "failed" / ".retiring" / "1000" / "failed.dst=pg.log", 1000, 10)
-    content = aside.read_bytes()
-
-    def no_link(*_args: Any) -> None:
-        raise PermissionError("hard links not supported")
-
-    monkeypatch.setattr(retention.os, "link", no_link)
-    failed_retention(tmp_path, None, None, NOW)
-    assert (tmp_path / "failed" / "failed.dst=pg.log").read_bytes() == content
-    assert not (tmp_path / "failed" / ".retiring").exists()

@@ -15,22 +15,22 @@ What can go, what never does:
   rotated ones waiting for compression) are never removed, but count in the size. A day folder left
   empty goes, unless it is today's or yesterday's (UTC), where the archivers write.
 * `failed/failed.dst=<id>.log` (`logs.failed`): appended and never rotated, so a file goes whole;
-  its age is the time since its last modification. Its writers never run during its removal
-  (`_retire_failed`): batch passes append under the node's batch lock (`batch.process`), which the
-  removal holds (a pass of another process running: failed files wait for the next run); the
-  stream worker writes into the file only through a descriptor it opens after writing its queue's
-  `recording.json` mark, and removes the mark after closing it and acknowledging the batch
-  (`stream.queue`, `stream.worker`). So the file is renamed aside
-  (`failed/.retiring/<size>/<name>`) only while no mark exists, and removed only if still no mark
-  exists and it did not grow; otherwise it is linked back unchanged (same inode: the journals and
-  marks that name it stay right). A crash in between: the next run puts it back and decides again.
+  its age is the time since its last modification. Every appender holds the append lock of
+  `failed/` (`logs.failed.appending`): batch passes while they append and write their statuses,
+  the stream worker while it writes its mark and appends (`stream.worker`), replays while they
+  move a file away. The removal of one file holds it too (`quiet_failed_log`, only for that file:
+  never across the walk), which first cuts off what a dead pass appended (its groups stay parked:
+  the next pass appends them to a new file); then it removes the file with one `unlink`, when it
+  is still the inode scanned and not longer (else it was appended to: decided again next run).
+  A crash leaves the file whole or gone. A file whose stream queue has a `recording.json` mark is
+  kept: its worker appended lines not acknowledged yet, and after a crash the mark cuts the file
+  of its inode back, which must never be a new file reusing the inode of a removed one.
+  The node's batch lock is not taken: a pass appends failed lines only under the append lock.
 * `failed/replayed/<replay id>/` (`ops.replay`): a replayed failed file with its `replay.json`,
   removed as one; its age is the replay's time (`at`). A replay still running (its process holds
   the flock of its folder: `ops.fallback.replay_is_running`) is never touched, nor the archive
   file or replayed folder it reads.
-* `failed/pending/` (spools parked by a batch pass in progress) is never touched; it counts. Nor is
-  a failed file whose destination has a journal there (a pass cut short, to recover), nor one whose
-  stream queue has a recording mark (an append in progress, or to cut back after a crash).
+* `failed/pending/` (spools parked and journals of batch passes) is never touched; it counts.
 
 Nothing modified less than `MIN_AGE_SEC` ago is removed by either rule. The size cap removes
 replayed folders first (their events were replayed), then failed files, each by age; when what
@@ -40,7 +40,6 @@ Each run records the sizes it measured in `<log.path>/state/retention.json` (`re
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -57,7 +56,8 @@ import orjson
 
 from eventspark.config.models import LogConfig
 from eventspark.logconfig import in_job
-from eventspark.logs.failed import PENDING_DIR, journal_path
+from eventspark.logs.failed import PENDING_DIR, quiet_failed_log
+from eventspark.logs.status import sync_dir
 from eventspark.ops.fallback import (
     FAILED_DIR,
     RECORD_FILE,
@@ -72,7 +72,6 @@ from eventspark.stream.queue import RECORDING_FILE, queue_dir
 log = logging.getLogger(__name__)
 
 ARCHIVE_DIR = "archive"
-RETIRING_DIR = ".retiring"
 USAGE_FILE = "retention.json"
 GIB = 1024**3
 DAY_SEC = 86400.0
@@ -80,7 +79,6 @@ PERIOD_SEC = 300.0
 """How often the serving process applies the policy without a batch pass (stream-only nodes)."""
 MIN_AGE_SEC = 60.0
 """Nothing modified more recently than this is removed (a file being written, a replay starting)."""
-COPY_CHUNK = 1024 * 1024
 _DAY = re.compile(r"^\d{4}-\d\d-\d\d$")
 
 
@@ -138,6 +136,8 @@ class _Entry:
     """Epoch seconds its age counts from."""
     kind: str
     """`archive`, `replayed` or `failed` (the size cap's order: replayed before failed)."""
+    inode: int = 0
+    """A failed file's, when scanned: another one under its name later was not the one chosen."""
 
 
 @dataclass(slots=True)
@@ -270,41 +270,19 @@ def failed_retention(
     """Applies the policy to `failed/` (module docstring); only measures when both are None."""
     now = time.time() if now is None else now
     root = log_path / FAILED_DIR
-    with _no_batch_pass(log_path, days is not None or max_gb is not None) as quiet:
-        finish_retiring(root)
-        scan = _scan_failed(root, _busy_sources(log_path), now)
-        if not quiet:  # a pass of another process may be appending: failed files wait
-            scan.kept += sum(entry.kind == "failed" for entry in scan.entries)
-            scan.entries = [entry for entry in scan.entries if entry.kind != "failed"]
-        result = RetentionResult(FAILED_DIR, scan.size, scan.files, kept=scan.kept)
-        for entry, why in _select(scan.entries, scan.size, days, max_gb, now):
-            _remove_failed_entry(result, log_path, entry, why)
+    scan = _scan_failed(root, _busy_sources(log_path), now)
+    result = RetentionResult(FAILED_DIR, scan.size, scan.files, kept=scan.kept)
+    for entry, why in _select(scan.entries, scan.size, days, max_gb, now):
+        _remove_failed_entry(result, log_path, entry, why)
     _summary(result, max_gb)
     return result
-
-
-@contextlib.contextmanager
-def _no_batch_pass(log_path: Path, wanted: bool) -> Iterator[bool]:
-    """Holds the node's batch lock while failed files are removed (no pass appends meanwhile; one
-    of this process is waited for); False when another process runs a pass, or not `wanted`."""
-    from eventspark.batch.process import PassBusy, batch_lock
-
-    if not wanted:
-        yield False
-        return
-    try:
-        with batch_lock(log_path / "incoming"):
-            yield True
-    except PassBusy:
-        log.info("retention: a batch pass of another process is running: failed files wait for the next run")
-        yield False
 
 
 def _remove_failed_entry(result: RetentionResult, log_path: Path, entry: _Entry, why: str) -> None:
     try:
         if entry.kind == "replayed":
             _remove_replayed(entry.path)
-        elif not _retire_failed(log_path, entry.path):
+        elif not _remove_failed_file(log_path, entry):
             result.kept += 1
             return
     except FileNotFoundError:
@@ -315,6 +293,30 @@ def _remove_failed_entry(result: RetentionResult, log_path: Path, entry: _Entry,
     _removed(result, log_path, entry, why)
 
 
+def _remove_failed_file(log_path: Path, entry: _Entry) -> bool:
+    """Removes a failed file under its append lock (module docstring), held for this file only;
+    False, leaving it as it is, when it must stay for now. `entry.size` becomes what was removed."""
+    dest_id = failed_destination(entry.path.name) or ""
+    # No append is in flight while this holds (batch passes, the stream worker, replays all take
+    # it), and what a dead pass appended is cut off first: its journal cannot outlive the file
+    # and cut a new one that reuses the inode (its groups stay parked for the next pass).
+    with quiet_failed_log(entry.path.parent, dest_id):
+        if _recording(log_path, dest_id):
+            # Lines appended by the stream worker and not acknowledged yet: its mark names this
+            # inode and would cut a new file that reuses it after a crash. Kept until the mark goes.
+            log.info("retention: %s has stream lines not acknowledged yet: kept for now", entry.path.name)
+            return False
+        stat = entry.path.stat()
+        if stat.st_ino != entry.inode or stat.st_size > entry.size:
+            return False  # appended to, or replaced, since the scan: decided again next run
+        # Same file, not longer: what the policy chose, less a dead pass's lines. One unlink: a
+        # crash leaves the file whole or gone, never half.
+        entry.path.unlink()
+        sync_dir(entry.path.parent)
+    entry.size = stat.st_size
+    return True
+
+
 def _scan_failed(root: Path, busy: set[Path], now: float) -> _Scan:
     scan = _Scan()
     for item in _scandir(root):
@@ -322,7 +324,7 @@ def _scan_failed(root: Path, busy: set[Path], now: float) -> _Scan:
         if item.is_dir(follow_symlinks=False):
             if item.name == REPLAYED_DIR:
                 _scan_replayed(path, busy, now, scan)
-            else:  # pending/ (another pass's spools), .retiring/ (just emptied): counted only
+            else:  # pending/ (parked spools and journals of the batch passes): counted only
                 size, files = _tree_size(path)
                 scan.size, scan.files, scan.kept = (
                     scan.size + size,
@@ -337,23 +339,18 @@ def _scan_failed(root: Path, busy: set[Path], now: float) -> _Scan:
         dest_id = failed_destination(item.name)
         if dest_id is None or not item.is_file(follow_symlinks=False):
             continue  # not a failed file (a lock, a temporary file): left alone
-        if _journaled(root, dest_id) or _recording(root.parent, dest_id) or _recent(stat.st_mtime, now):
+        # A stream mark: checked again under the lock; skipped here so that the cap picks others.
+        if _recording(root.parent, dest_id) or _recent(stat.st_mtime, now):
             scan.kept += 1
             continue
-        scan.entries.append(_Entry(path, stat.st_size, 1, stat.st_mtime, "failed"))
+        scan.entries.append(_Entry(path, stat.st_size, 1, stat.st_mtime, "failed", stat.st_ino))
     return scan
 
 
-def _journaled(root: Path, dest_id: str) -> bool:
-    """Whether a batch pass must recover the destination's failed log after a crash (its journal
-    in `failed/pending/`, `logs.failed`): the journal holds the log's inode and size, so the file
-    stays until the journal is gone."""
-    return journal_path(root, dest_id).exists()
-
-
 def _recording(log_path: Path, dest_id: str) -> bool:
-    """Whether the stream worker of the destination is appending to its failed log, or must cut it
-    back after a crash (`stream.queue.QueueReader.mark_recording`)."""
+    """Whether the stream worker of the destination has appended lines to its failed log that its
+    queue has not acknowledged yet, to cut back after a crash (`stream.queue.QueueReader.mark_recording`:
+    written and replaced only under the append lock, removed after the acknowledgement)."""
     return (queue_dir(log_path, dest_id) / RECORDING_FILE).exists()
 
 
@@ -388,73 +385,6 @@ def _remove_replayed(folder: Path) -> None:
             shutil.rmtree(item.path) if item.is_dir(follow_symlinks=False) else os.unlink(item.path)
     (folder / RECORD_FILE).unlink(missing_ok=True)
     folder.rmdir()
-
-
-def _retire_failed(log_path: Path, path: Path) -> bool:
-    """Removes a failed file under the batch lock (module docstring); False, leaving the file as it
-    was, when the stream worker started an append meanwhile (its mark, or the file grew)."""
-    dest_id = failed_destination(path.name) or ""
-    before = path.stat()
-    if _recording(log_path, dest_id) or _recent(before.st_mtime, time.time()):
-        return False
-    aside = path.parent / RETIRING_DIR / str(before.st_size) / path.name
-    aside.parent.mkdir(parents=True, exist_ok=True)
-    os.rename(path, aside)
-    after = aside.stat()
-    # No mark now, none before the rename: no append was under way across it (the worker writes
-    # only through a file it opens after writing its mark, and removes the mark after closing
-    # it), and one that ran in between made it grow.
-    quiet = not _recording(log_path, dest_id) and (after.st_size, after.st_mtime_ns) == (
-        before.st_size,
-        before.st_mtime_ns,
-    )
-    if quiet:
-        aside.unlink()
-        _rmdir_quietly(aside.parent)
-    else:
-        _put_back(aside, path, before.st_size)
-        log.info("retention: %s is being appended to: kept for now", path.name)
-    _rmdir_quietly(aside.parent.parent)
-    return quiet
-
-
-def finish_retiring(root: Path) -> None:
-    """Puts back the failed files a crash left aside (`failed/.retiring/<size>/<name>`): the
-    policy then decides again."""
-    retiring = root / RETIRING_DIR
-    for folder in _scandir(retiring):
-        if not folder.is_dir(follow_symlinks=False) or not folder.name.isdigit():
-            continue
-        for item in _scandir(Path(folder.path)):
-            _put_back(Path(item.path), root / item.name, int(folder.name))
-        _rmdir_quietly(Path(folder.path))
-    _rmdir_quietly(retiring)
-
-
-def _put_back(aside: Path, live: Path, size: int) -> None:
-    """The same file (inode) back under its name; when a writer has created a new one meanwhile,
-    what went aside after its first `size` bytes is appended to that one instead."""
-    try:
-        os.link(aside, live)
-    except FileExistsError:
-        _append_tail(aside, live, size)
-    except OSError:  # a file system without hard links: renamed back, unless a new one exists
-        if live.exists():
-            _append_tail(aside, live, size)
-        else:
-            os.rename(aside, live)
-            _rmdir_quietly(aside.parent)
-            return
-    aside.unlink()
-    _rmdir_quietly(aside.parent)
-
-
-def _append_tail(aside: Path, live: Path, size: int) -> None:
-    with aside.open("rb") as src, live.open("ab") as out:
-        src.seek(size)
-        shutil.copyfileobj(src, out, COPY_CHUNK)
-        out.flush()
-        os.fsync(out.fileno())
 
 
 # --- shared ---------------------------------------------------------------------------------------
@@ -526,11 +456,6 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
-
-
-def _rmdir_quietly(folder: Path) -> None:
-    with contextlib.suppress(OSError):  # not empty, or gone
-        folder.rmdir()
 
 
 # --- in `serve` -----------------------------------------------------------------------------------
