@@ -18,6 +18,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 
 from eventspark.logs.archive import archive_log
+from eventspark.logs.status import sync_dir
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class StreamArchive:
             self._fd = os.open(self.path, flags, 0o644)
         append_whole(self._fd, b"\n".join(lines) + b"\n", sync)
         if sync and created:  # the new file's name too
-            fsync_dir(self.archive_dir)
+            sync_dir(self.archive_dir)
         self._day = (now or datetime.now(UTC)).date()
 
     def rotate_if_due(self, now: datetime | None = None) -> Path | None:
@@ -134,12 +135,3 @@ def append_whole(fd: int, data: bytes, sync: bool) -> int:
             os.ftruncate(fd, start)
         raise
     return start
-
-
-def fsync_dir(directory: Path) -> None:
-    """Makes the names in `directory` durable (a new file's)."""
-    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -51,13 +51,14 @@ import orjson
 from eventspark.coordination import CoordinationError
 from eventspark.destinations.base import PartlyDelivered, TransientError
 from eventspark.logs.failed import appending, event_error_line, event_id_of, failed_log_path
+from eventspark.logs.status import sync_dir
 from eventspark.ops.cache_results import StreamResults
 from eventspark.ops.metrics import pipeline_metrics, record_stream_batch, record_stream_retry
 from eventspark.recognition.stream import StreamRecognition
 from eventspark.retry import DEFAULT_MAX_AGE_HOURS, RetryPolicy, give_up_reason
 from eventspark.steps.chain import ChainResult, DestinationChain, Failure, Row
 from eventspark.steps.context import ensure_event_id
-from eventspark.stream.archive import StreamArchive, append_whole, fsync_dir
+from eventspark.stream.archive import StreamArchive, append_whole
 from eventspark.stream.delivery import EventDelivery, TableDelivery
 from eventspark.stream.queue import (
     QueueBusy,
@@ -619,7 +620,7 @@ def _append(path: Path, data: bytes, sync: bool) -> None:
     finally:
         os.close(fd)
     if sync and start == 0:
-        fsync_dir(path.parent)
+        sync_dir(path.parent)
 
 
 def _error_line(line: bytes, error: str) -> bytes:
