@@ -120,7 +120,9 @@ def test_back_off_is_respected_and_a_recovered_pair_loads_each_event_once(spark:
     assert list((tmp_path / "events" / "failed" / "pending").iterdir()) == []
 
 
-def test_a_pair_past_the_maximum_age_gives_up_into_failed_once(spark: Any, tmp_path: Path) -> None:
+def test_a_pair_past_the_maximum_age_gives_up_into_failed_once(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     retry = {"base_sec": 10, "max_sec": 10, "max_age_hours": 0.01}  # 36 s
     loaded = make_config(tmp_path, {"dd": duckdb_destination(template=TEMPLATE)}, retry=retry)
     warehouse = Warehouse()
@@ -135,6 +137,8 @@ def test_a_pair_past_the_maximum_age_gives_up_into_failed_once(spark: Any, tmp_p
     result = run(spark, loaded, T0 + 40, warehouse)
 
     assert result.ok and len(result.archived) == 2 and result.gave_up == {"dd": 2}
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("batch dd: 2 event(s) failed for longer" in m for m in logged), logged
     assert not log.exists() and not healthy.exists()
     assert ids(tmp_path) == ["4"]
     failed = failed_lines(tmp_path, "dd")

@@ -113,6 +113,10 @@ def test_past_the_maximum_age_events_go_to_failed_once_and_the_worker_goes_on(
         attempts = int(reason.split()[3])
         assert attempts >= 2  # backed off and tried again before giving up
         assert harness.worker.reader.pending_bytes() == 0  # acknowledged: the worker went on
+        # The clock is kept for the next events, but with nothing queued nothing is being retried.
+        assert (queue_path(harness) / RETRY_FILE).exists()
+        [status] = StatusReader(harness.loaded.config).read()
+        assert status.retry_attempts == 0 and status.retry_oldest_age is None
 
         # Still down: the next events get LATE_ATTEMPTS each (the outage is older than the maximum age).
         harness.append(event(5))

@@ -595,6 +595,12 @@ class BatchJob:
         self._record_give_ups(plan, statuses, collected, updates, result)
         self._record_destination_errors(statuses, schedule, dest_errors, updates, result)
         merged = self._write_outcomes(logs, statuses, updates, plan, parked)
+        for dest_id, events in sorted(result.gave_up.items()):  # as loud as the stream worker's give-up
+            log.error(
+                "batch %s: %d event(s) failed for longer than the retry policy's max age; in failed/ (replay them)",
+                dest_id,
+                events,
+            )
         for path, status in merged.items():  # after the append lock: gzipping a log takes a while
             if all_uploaded(status):
                 result.archived.append(archive_log(path, self.events_dir / "archive"))

@@ -401,9 +401,11 @@ class StatusReader:
 
 
 def _stream_retry(status: DestinationStatus, directory: Path, now: float) -> None:
-    """The stream worker's failing attempts, from the state it keeps in its queue's directory."""
+    """The stream worker's failing attempts, from the state it keeps in its queue's directory.
+    With nothing queued nothing is being retried: after a give-up the state only keeps the outage's
+    clock for the next events (docs/reliability.md), so it is not shown as a growing age."""
     state = read_retry_state(directory)
-    if state is not None:
+    if state is not None and (status.queue_events or not status.exact):
         status.retry_attempts = state.attempts
         status.retry_oldest_age = max(0.0, now - state.first_failure)
 
