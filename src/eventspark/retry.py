@@ -87,5 +87,14 @@ def due(last_attempt: float, next_attempt: float, now: float) -> bool:
 
 def give_up_reason(attempts: int, first_failed: float, now: float, last_error: str) -> str:
     """The reason written with each event of a pair that gave up (`events/failed`)."""
-    hours = max(0.0, now - first_failed) / 3600
-    return f"gave up after {attempts} attempt{'s' if attempts != 1 else ''} in {hours:.2f} h: {last_error}"
+    took = _duration(max(0.0, now - first_failed))
+    return f"gave up after {attempts} attempt{'s' if attempts != 1 else ''} in {took}: {last_error}"
+
+
+def _duration(seconds: float) -> str:
+    """`42 s`, `17 min`, `72.0 h`: readable whatever the policy's maximum age."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -109,7 +109,7 @@ def test_past_the_maximum_age_events_go_to_failed_once_and_the_worker_goes_on(
         records = harness.failed()
         assert failed_ids(harness) == [f"e{n:06d}" for n in range(5)]
         reason = records[0]["error"]
-        assert reason.startswith("gave up after ") and " h: postgres: " in reason, reason
+        assert reason.startswith("gave up after ") and " s: postgres: " in reason, reason
         attempts = int(reason.split()[3])
         assert attempts >= 2  # backed off and tried again before giving up
         assert harness.worker.reader.pending_bytes() == 0  # acknowledged: the worker went on

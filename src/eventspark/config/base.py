@@ -157,6 +157,12 @@ class RetrySection(Section):
         default=None, gt=0, description="after this long failing, the events go to events/failed"
     )
 
+    @model_validator(mode="after")
+    def _ordered(self) -> RetrySection:
+        if self.base_sec is not None and self.max_sec is not None and self.base_sec > self.max_sec:
+            raise ValueError(f"retry.base_sec ({self.base_sec}) is larger than retry.max_sec ({self.max_sec})")
+        return self
+
 
 class DestinationBase(Section):
     """What every destination type has; each package's `configuration.py` adds its own block."""

@@ -12,7 +12,7 @@ the queue) and is retried with the destination's retry policy (`eventspark.retry
 backoff from `retry_min_sec` up to `retry_max_sec`). The first failed attempt since the destination
 last made progress (a delivery, or a partial one that decided some rows) is kept in the queue's
 `retry.json`, so the policy's maximum age counts across restarts; past it, the rows that still fail
-go to `failed/` with `gave up after N attempts in H h: <last error>` and the worker goes on. While
+go to `failed/` with `gave up after N attempts in <time>: <last error>` and the worker goes on. While
 the destination keeps failing, the rows read next get `LATE_ATTEMPTS` attempts each (base back-off)
 before they follow: a dead destination drains its queue into `failed/` instead of growing it, and
 the first success starts the clock again. A worker stopped or killed before the acknowledgement
