@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from eventspark.batch.load import Fault, PairLoad, commit_objects, load_pair
+from eventspark.batch.load import Deferred, Fault, PairLoad, commit_objects, load_pair
 from eventspark.batch.partition import NO_TABLE, SUMMARY_FIELDS, process_splits
 from eventspark.batch.plan import DEFAULT_CHUNK_ROWS, JobPlan, token_routes
 from eventspark.batch.splits import Split, plan_splits
@@ -587,7 +587,7 @@ class BatchJob:
             tables = updates[name].setdefault(dest_id, {})
             if table != NO_TABLE:
                 error = outcomes.get((dest_id, table), "")
-                tables[table] = PairStatus(False, error, 1, now, now) if error else PairStatus(True)
+                tables[table] = _outcome(error, now)
         for name in plan.file_tokens:
             for dest_id in plan.destinations:
                 if (name, dest_id) not in plan.skip:  # processed, maybe without any table: not read for it again
@@ -797,3 +797,13 @@ def _schedule_pair(
             schedule.waiting[key].add(table)
     if whole is not None or len(failing) > len(schedule.waiting.get(key, ())):
         schedule.work.add(key)
+
+
+def _outcome(error: str, now: float) -> PairStatus:
+    """A pair's status after this pass's load: uploaded, deferred to the next pass (no attempt
+    counted: `batch.load.Deferred`), or a failed attempt."""
+    if not error:
+        return PairStatus(True)
+    if isinstance(error, Deferred):
+        return PairStatus(False, error)
+    return PairStatus(False, error, 1, now, now)

@@ -13,12 +13,21 @@ from dataclasses import dataclass, field
 from eventspark.coordination import Coordination, CoordinationError
 from eventspark.destinations.base import DestinationAdapter, DestinationError, Load, StagedChunk
 from eventspark.destinations.sync import LOCK_TIMEOUT, sync_table, table_lock
-from eventspark.steps.diff import ColumnLimitError, Table, UnmappedRule, table_from_header
+from eventspark.steps.diff import ColumnLimitError, LoadDeferred, Table, UnmappedRule, table_from_header
 from eventspark.steps.typing import BatchHeader
 
 log = logging.getLogger(__name__)
 
 Fault = Callable[[str], None]
+
+
+class Deferred(str):
+    """A pair's reason to wait for the next pass that is not a failure (`LoadDeferred`): no
+    attempt is counted and no retry back-off applies."""
+
+    __slots__ = ()
+
+
 """A test hook called at named points of a pass ("staged", "committed") to inject a crash."""
 
 
@@ -44,8 +53,8 @@ def load_pair(
     fault: Fault | None = None,
     unmapped: UnmappedRule | None = None,
 ) -> str:
-    """Patches and loads the pair; returns '' on success, else the reason it failed (the pair is
-    loaded again by the next pass: e.g. when `unmapped` left fields out of the patch)."""
+    """Patches and loads the pair; returns '' on success, else the reason it failed (retried with
+    the destination's retry policy), or a `Deferred` reason (loaded again by the next pass)."""
     lock = table_lock(pair.dest_id, pair.table)
     wanted = table_from_header(pair.header, adapter.dialect.column_type, primary_keys)
     try:
@@ -56,6 +65,9 @@ def load_pair(
                 fault("staged")
             load = Load(pair.dest_id, target, pair.chunks, sorted(pair.files), ordered=bool(primary_keys))
             adapter.commit(load)
+    except LoadDeferred as exc:
+        log.info("destination %s, table %s: %s", pair.dest_id, pair.table, exc)
+        return Deferred(str(exc))
     except (DestinationError, CoordinationError, ColumnLimitError, ValueError) as exc:
         log.warning("destination %s, table %s: %s", pair.dest_id, pair.table, exc)
         return str(exc)

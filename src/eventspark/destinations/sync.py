@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 from eventspark.coordination import Coordination
 from eventspark.destinations.base import DestinationAdapter, TerminalError
-from eventspark.steps.diff import ColumnLimitError, Table, TablePatch, UnmappedRule, check_column_limit, diff
+from eventspark.steps.diff import (
+    LoadDeferred,
+    Table,
+    TablePatch,
+    UnmappedRule,
+    check_column_limit,
+    diff,
+)
 
 LOCK_TIMEOUT = 120.0
 """Seconds to wait for another node's patch or load of the same table."""
@@ -46,7 +53,7 @@ def sync_table(
 
     ColumnLimitError when the patch would pass `max_columns`; DestinationError (or a subclass)
     from the warehouse. With `unmapped` (docs/json-columns.md), the patch adds only the columns
-    the rule allows, plus the unmapped column, and ColumnLimitError follows the patch when some
+    the rule allows, plus the unmapped column, and LoadDeferred follows the patch when some
     were left out: the rows must be placed again against the patched table (the next pass).
     """
     existing = adapter.read_table(wanted.name)
@@ -57,7 +64,7 @@ def sync_table(
     if unmapped is not None:
         patch, left_out = unmapped.limit(existing, patch, adapter.dialect.json_type)
         if patch.is_empty and existing is not None:
-            raise ColumnLimitError(left_out)
+            raise LoadDeferred(left_out)
     check_column_limit(existing, patch, max_columns, unmapped.column if unmapped is not None else None)
     adapter.patch(patch)
     version = coordination.bump_table_version(lock)
@@ -65,5 +72,5 @@ def sync_table(
     if after is None:
         raise TerminalError(f"table {wanted.name!r} is missing right after it was patched")
     if left_out:
-        raise ColumnLimitError(left_out)
+        raise LoadDeferred(left_out)
     return SyncedTable(after, version, patch)

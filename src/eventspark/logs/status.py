@@ -179,5 +179,6 @@ def merge_status(old: LogStatus, new: LogStatus) -> LogStatus:
             if before is None or (not before.settled and outcome.settled):
                 into[table] = outcome
             elif not before.settled:
-                into[table] = before.failed_again(outcome)
+                # attempts == 0: deferred to the next pass, not a failure (`batch.load.Deferred`)
+                into[table] = outcome if not outcome.attempts else before.failed_again(outcome)
     return merged

@@ -53,6 +53,11 @@ class ColumnLimitError(ValueError):
     """Patching would give a table more columns than ``server.max_columns`` allows."""
 
 
+class LoadDeferred(ColumnLimitError):
+    """The unmapped rule left fields out of the patch: the rows load in the next pass, placed
+    against the patched table. Not a failure: no retry back-off (docs/json-columns.md)."""
+
+
 def table_from_header(
     header: BatchHeader, column_type: Callable[[Field], str], primary_keys: Iterable[str] = ()
 ) -> Table:
