@@ -11,12 +11,12 @@ import orjson
 from eventspark.logs.archive import archive_log
 from eventspark.logs.failed import (
     PENDING_DIR,
-    append_spools,
+    append_settled,
     event_error_line,
     failed_log_path,
     park_spools,
     parked_spools,
-    settle_parked,
+    remove_groups,
 )
 from eventspark.logs.rotated import rotated_logs, rotated_token
 from eventspark.logs.status import (
@@ -74,8 +74,10 @@ def test_failed_lines_keep_the_event_and_spools_append(tmp_path: Path) -> None:
     spools[0].write_bytes(line)
     spools[1].write_bytes(line)
     failed_dir = tmp_path / "failed"
-    assert append_spools(failed_dir, "pg", [*spools, tmp_path / "missing.log"]) == 2 * len(line)
-    append_spools(failed_dir, "pg", spools[:1])
+    first = park_spools(failed_dir, "log-1", "pg", "t", [*spools, tmp_path / "missing.log"])
+    append_settled(failed_dir, "pg", [first])
+    spools[0].write_bytes(line)
+    append_settled(failed_dir, "pg", [park_spools(failed_dir, "log-2", "pg", "t", spools[:1])])
     assert failed_log_path(failed_dir, "pg").read_bytes() == line * 3
 
 
@@ -94,8 +96,8 @@ def test_parked_spools_survive_until_settled(tmp_path: Path) -> None:
 
     assert sorted(found, key=lambda g: g.log) == [kept, dropped]
     assert not (failed_dir / PENDING_DIR / "cut-short").exists()
-    settle_parked(failed_dir, [kept], committed=True)
-    settle_parked(failed_dir, [dropped], committed=False)
+    append_settled(failed_dir, "pg", [kept])
+    remove_groups([dropped])
     assert failed_log_path(failed_dir, "pg").read_bytes() == b"1\n2\n"
     assert list((failed_dir / PENDING_DIR).iterdir()) == []
 

@@ -178,7 +178,7 @@ class BatchJob:
         groups: dict[str | None, list[Path]] = defaultdict(list)
         for path in logs:
             groups[replay_destination(path.name)].append(path)
-        batch = {d for d, dest in self.config.destinations.items() if dest.mode == "batch"}
+        batch = self._batch_destinations()
         if None in groups:
             groups[None] = self._hold_unroutable(groups[None], result)
         for only, group in sorted(groups.items(), key=lambda item: item[0] or ""):
@@ -190,6 +190,10 @@ class BatchJob:
                 self._run_job(session, group, only, result)
         return result
 
+    def _batch_destinations(self) -> dict[str, Any]:
+        """Destination id → config of the batch destinations."""
+        return {d: dest for d, dest in self.config.destinations.items() if dest.mode == "batch"}
+
     def _hold_unroutable(self, logs: list[Path], result: JobResult) -> list[Path]:
         """The logs some batch destination takes; the others stay in incoming/, untouched.
 
@@ -198,7 +202,7 @@ class BatchJob:
         of others) its events would reach neither a table nor `failed/`: the log waits, with a
         warning every pass, and loads once a config reload brings the token or a destination back.
         """
-        batch = {d: dest for d, dest in self.config.destinations.items() if dest.mode == "batch"}
+        batch = self._batch_destinations()
         _secrets, token_destinations, default = token_routes(self.config.api_keys, batch)
         routable = []
         for path in logs:
@@ -302,7 +306,7 @@ class BatchJob:
     def _schedule(self, logs: list[Path], statuses: dict[str, LogStatus], only: str | None) -> _Schedule:
         """Which (log, destination) pairs this pass reads, waits for, or gives up (`_Schedule`)."""
         schedule = _Schedule(self.clock())
-        batch = {d: dest for d, dest in self.config.destinations.items() if dest.mode == "batch"}
+        batch = self._batch_destinations()
         _secrets, token_destinations, default = token_routes(self.config.api_keys, batch)
         for path in logs:
             name = path.name
@@ -342,13 +346,11 @@ class BatchJob:
         failed_dir = self.events_dir / "failed"
         if not (failed_dir / PENDING_DIR).is_dir():
             return  # nothing parked, no journal: the usual case
-        batch = [dest_id for dest_id, dest in self.config.destinations.items() if dest.mode == "batch"]
+        batch = self._batch_destinations()
         for dest_id in batch:
             if recover_journal(failed_dir, dest_id):
                 log.info("destination %s: the failed-log appends of a pass cut short were undone", dest_id)
-        parked: dict[str, list[ParkedSpools]] = defaultdict(list)
-        for group in parked_spools(failed_dir):
-            parked[group.dest_id].append(group)
+        parked = _parked_by_destination(failed_dir)
         for dest_id in batch:
             if parked[dest_id]:
                 settle_recovered(failed_dir, dest_id, parked[dest_id], lambda g: True if self._settled(g) else None)
@@ -383,9 +385,7 @@ class BatchJob:
         plan.max_columns = self.config.server.max_columns
         plan.chunk_rows = self.chunk_rows
         plan.pass_bytes = sum(p.stat().st_size for p in logs)
-        parked: dict[str, list[ParkedSpools]] = defaultdict(list)
-        for group in parked_spools(self.events_dir / "failed"):
-            parked[group.dest_id].append(group)
+        parked = _parked_by_destination(self.events_dir / "failed")
         for dest_id, dest in self.config.destinations.items():
             wanted = schedule.wanted(dest_id)
             if dest.mode != "batch" or (only is not None and dest_id != only) or not wanted:
@@ -768,6 +768,14 @@ def _pair(collected: _Collected, dest_id: str, table: str) -> PairLoad:
     if found is None:
         found = collected.pairs[dest_id, table] = PairLoad(dest_id, table, BatchHeader(table))
     return found
+
+
+def _parked_by_destination(failed_dir: Path) -> defaultdict[str, list[ParkedSpools]]:
+    """The parked groups of `failed_dir` (`logs.failed`), by destination id."""
+    parked: defaultdict[str, list[ParkedSpools]] = defaultdict(list)
+    for group in parked_spools(failed_dir):
+        parked[group.dest_id].append(group)
+    return parked
 
 
 def _expired(policy: RetryPolicy, pair: PairStatus, now: float) -> bool:

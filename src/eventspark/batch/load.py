@@ -19,6 +19,7 @@ from eventspark.steps.typing import BatchHeader
 log = logging.getLogger(__name__)
 
 Fault = Callable[[str], None]
+"""A test hook called at named points of a pass ("staged", "committed") to inject a crash."""
 
 
 class Deferred(str):
@@ -26,9 +27,6 @@ class Deferred(str):
     attempt is counted and no retry back-off applies."""
 
     __slots__ = ()
-
-
-"""A test hook called at named points of a pass ("staged", "committed") to inject a crash."""
 
 
 @dataclass(slots=True)

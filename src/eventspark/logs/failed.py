@@ -88,19 +88,6 @@ def event_error_line(event: Any, error: str, event_id: str | None = None) -> byt
     return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
 
 
-def append_spools(failed_dir: Path, dest_id: str, spools: Iterable[Path]) -> int:
-    """Appends spool files to the failed log of `dest_id` (streamed, not read into memory).
-
-    Returns the number of bytes appended. Missing spools are ignored: a retry may have removed them.
-    """
-    failed_dir.mkdir(parents=True, exist_ok=True)
-    with failed_log_path(failed_dir, dest_id).open("ab") as out:
-        written = _copy(spools, out)
-        out.flush()
-        os.fsync(out.fileno())  # before the caller removes what it appended
-    return written
-
-
 # --- spools parked across a commit ----------------------------------------------------------------
 
 
@@ -150,19 +137,6 @@ def parked_spools(failed_dir: Path) -> list[ParkedSpools]:
         spools = tuple(folder / name for name in record["spools"])
         found.append(ParkedSpools(folder / "manifest.json", record["log"], record["dest"], record["table"], spools))
     return found
-
-
-def settle_parked(failed_dir: Path, parked: Iterable[ParkedSpools], committed: bool) -> None:
-    """Appends the parked spools to their destinations' failed logs when `committed` (each line
-    once: `append_settled`); removes them either way."""
-    groups = list(parked)
-    if committed:
-        by_dest: dict[str, list[ParkedSpools]] = {}
-        for group in groups:
-            by_dest.setdefault(group.dest_id, []).append(group)
-        for dest_id, mine in by_dest.items():
-            append_settled(failed_dir, dest_id, mine)
-    remove_groups(groups)
 
 
 def remove_groups(groups: Iterable[ParkedSpools]) -> None:
