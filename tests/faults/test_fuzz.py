@@ -269,19 +269,22 @@ def post_labels() -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("name", list(hostile_bodies()))
-@pytest.mark.parametrize("label", post_labels())
-def test_hostile_bodies_get_a_documented_answer(server: Server, label: str, name: str) -> None:
+def post_operation(server: Server, label: str, extra: dict[str, str], body: bytes) -> tuple[Any, httpx.Response]:
+    """POSTs `body` to the operation `label`, authenticated, and counts the answer's status."""
     operation = API.find_operation_by_label(label)
     assert operation is not None
     query, headers = credentials(label)
     path = operation.path.replace("{anything}", "fuzz")
     params = {**query, "destination_id": "pg_stream", "wait": 1}
-    headers = {**headers, "content-type": "application/json"}
-    response = httpx.post(
-        f"{server.url}{path}", params=params, headers=headers, content=hostile_bodies()[name], timeout=60
-    )
+    response = httpx.post(f"{server.url}{path}", params=params, headers={**headers, **extra}, content=body, timeout=60)
     count(response.status_code)
+    return operation, response
+
+
+@pytest.mark.parametrize("name", list(hostile_bodies()))
+@pytest.mark.parametrize("label", post_labels())
+def test_hostile_bodies_get_a_documented_answer(server: Server, label: str, name: str) -> None:
+    operation, response = post_operation(server, label, {"content-type": "application/json"}, hostile_bodies()[name])
     assert response.status_code < 500, f"{label} {name}: {response.status_code} {response.text[:500]}"
     case = operation.Case(
         media_type="application/json", path_parameters={"anything": "fuzz"} if "{" in operation.path else None
@@ -336,14 +339,8 @@ def encoded_bodies() -> dict[str, tuple[dict[str, str], bytes]]:
 @pytest.mark.parametrize("name", list(encoded_bodies()))
 @pytest.mark.parametrize("label", post_labels())
 def test_lying_encodings_get_a_documented_answer(server: Server, label: str, name: str) -> None:
-    operation = API.find_operation_by_label(label)
-    assert operation is not None
-    query, headers = credentials(label)
     extra, body = encoded_bodies()[name]
-    path = operation.path.replace("{anything}", "fuzz")
-    params = {**query, "destination_id": "pg_stream", "wait": 1}
-    response = httpx.post(f"{server.url}{path}", params=params, headers={**headers, **extra}, content=body, timeout=60)
-    count(response.status_code)
+    _, response = post_operation(server, label, extra, body)
     assert response.status_code < 500, f"{label} {name}: {response.status_code} {response.text[:500]}"
 
 

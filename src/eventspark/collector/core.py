@@ -161,7 +161,7 @@ class Collector:
             if raw is None:
                 continue
             try:  # validated by the serving process already: this should not fail
-                loaded = await asyncio.to_thread(build_loaded, raw, False, None, True)
+                loaded = await asyncio.to_thread(build_loaded, raw, embedded=False, checked=True)
                 self.reconfigure(loaded.config)
             except Exception:  # e.g. a queue directory not made
                 logger.exception("cannot use the reloaded config; keeping the current one, trying again")

@@ -124,16 +124,6 @@ class RetryState:
     last_attempt: float = 0.0
     last_error: str = ""
 
-    def to_json(self) -> bytes:
-        return orjson.dumps(
-            {
-                "first_failure": self.first_failure,
-                "attempts": self.attempts,
-                "last_attempt": self.last_attempt,
-                "last_error": self.last_error,
-            }
-        )
-
 
 def read_retry_state(directory: Path) -> RetryState | None:
     """The state in `<directory>/retry.json`; None when absent or unreadable (a new clock then)."""
@@ -154,7 +144,7 @@ def read_retry_state(directory: Path) -> RetryState | None:
 
 def write_retry_state(directory: Path, state: RetryState, fsync: bool = False) -> None:
     """Replaces `<directory>/retry.json` atomically."""
-    _replace_file(directory / RETRY_FILE, state.to_json(), fsync)
+    _replace_file(directory / RETRY_FILE, orjson.dumps(state), fsync)  # a dataclass: its fields
 
 
 def clear_retry_state(directory: Path) -> None:

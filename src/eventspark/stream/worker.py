@@ -541,9 +541,7 @@ class StreamWorker:
     def _give_up_reason(self, exc: Exception) -> str:
         state = self.retry
         assert state is not None
-        error = str(exc)
-        error = error if len(error) <= MAX_REASON else error[:MAX_REASON] + "..."
-        return give_up_reason(state.attempts, state.first_failure, state.last_attempt, error)  # as batch's
+        return give_up_reason(state.attempts, state.first_failure, state.last_attempt, _cut(str(exc)))  # as batch's
 
     def _gave_up(self, table: str, events: int) -> None:
         pipeline_metrics().retry_gave_up(self.dest_id, events)
@@ -604,10 +602,11 @@ class StreamWorker:
 
 def _reason(what: str, exc: BaseException) -> str:
     """`<what>: <exception type>: <its text>`, the text cut to MAX_REASON characters."""
-    text = str(exc)
-    if len(text) > MAX_REASON:
-        text = text[:MAX_REASON] + "..."
-    return f"{what}: {type(exc).__name__}: {text}"
+    return f"{what}: {type(exc).__name__}: {_cut(str(exc))}"
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_REASON else text[:MAX_REASON] + "..."
 
 
 def _append(path: Path, data: bytes, sync: bool) -> None:
