@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventspark.config.routing import token_routes
-from eventspark.destinations.base import ObjectTarget, StageTarget
+from eventspark.destinations.base import DirectTarget, ObjectTarget, StageTarget
 from eventspark.steps.typing import DataType
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "JobPlan", "token_routes"]
@@ -48,6 +48,15 @@ class JobPlan:
     stages: dict[str, StageTarget] = field(default_factory=dict)
     objects: dict[str, ObjectTarget] = field(default_factory=dict)
     """Destination id → where executors write its objects: the files family (not in `stages`)."""
+    direct: dict[str, DirectTarget] = field(default_factory=dict)
+    """Destination id → where executors write rows straight into existing tables
+    (`Capabilities.direct_writes`); its other pairs are staged as usual."""
+    sql_types: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    """Destination id (of `direct`) → table → column → its SQL type, as the catalog reads it."""
+    split_done: frozenset[tuple[str, str, str]] = frozenset()
+    """(split key, destination id, table) committed by an earlier pass (per-split load markers):
+    their rows are not written again; their failed events are spooled again while the
+    (log, table) pair is not settled."""
     geo_path: str | None = None
     max_columns: int = 0
     """`server.max_columns`: the default of each destination's `data_layout.max_columns`."""

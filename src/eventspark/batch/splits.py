@@ -29,6 +29,12 @@ class Split:
     def name(self) -> str:
         return Path(self.path).name
 
+    @property
+    def key(self) -> str:
+        """The split's name in load markers: `<log name>@<start>-<end>` (boundaries are a function
+        of the log alone, so a rerun cuts the same splits: `plan_splits`)."""
+        return f"{self.name}@{self.start}-{self.end}"
+
 
 def plan_splits(logs: list[Path], parallelism: int, max_bytes: int = MAX_SPLIT_BYTES) -> list[Split]:
     """Cuts the logs into splits of about the same size, at most `max_bytes` and (unless a log is

@@ -138,6 +138,33 @@ class StageTarget(Protocol):
     def open(self) -> StageWriter: ...
 
 
+@dataclass(slots=True)
+class DirectRows:
+    """Rows of one (split, table) for a direct write: values in `columns` order (a row may be
+    shorter than `columns`: the missing tail is NULL), each value a bool, int, float or str that
+    fits its target column as text (`DirectTarget.write_split`)."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+class DirectWriter(Protocol):
+    """Writes whole splits into their target tables, on an executor (`Capabilities.direct_writes`)."""
+
+    def write_split(self, split: str, tables: Mapping[str, DirectRows]) -> None:
+        """In one transaction: the rows of each table into the table itself, and one load marker
+        (`split`, table) per table; DestinationError when it cannot (nothing is written then)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class DirectTarget(Protocol):
+    """A picklable description of where executors write directly; executors open writers from it."""
+
+    def open(self) -> DirectWriter: ...
+
+
 class ObjectBuffer(Protocol):
     """The rows of one (log split, table) of a files destination, on an executor, until its
     object is written (`ObjectTarget.write`)."""
@@ -237,6 +264,11 @@ class Capabilities:
     users_recognition: UsersRecognitionStyle = "none"
     """How `DestinationAdapter.recognize_users` sets user ids on earlier anonymous rows
     (`docs/users-recognition.md`)."""
+    direct_writes: bool = False
+    """Batch: executors write rows straight into existing tables (`DirectTarget`), each split in
+    one transaction with its load markers, when every value of the (split, table) fits the
+    table's columns; only what needs a new column (or a cast the executor cannot check) is staged
+    and committed by the driver. Needs `transactions`."""
 
 
 @dataclass(frozen=True, slots=True)
