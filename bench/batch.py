@@ -5,16 +5,22 @@
 
 1. generates N web events (bench/generate.py) as rotated incoming logs;
 2. pipeline: one batch pass (warm SparkSession, `local[*]`) into a fresh Postgres schema;
-3. floor: the same events flattened beforehand (untimed) and loaded with one binary COPY from one
-   process (timed): what the warehouse can take at best;
+3. floor: the same events flattened and converted to the column types of the pipeline's table
+   beforehand (untimed), then copied from one process into tables with exactly those column
+   types (numeric(38,18), timestamp...), by binary COPY and by text COPY taking turns (timed);
+   the faster is the floor: what the warehouse can take at best;
+   then the pipeline on the first 200k events beside EventNative 1.41's figures as issue 19
+   quotes them (the bench cannot run EventNative); peak RSS of the process tree (this driver,
+   the JVM, Spark's Python workers) during each pass;
 4. dlt: `dlt[postgres]` loading the same events (parsed JSON) into the same Postgres; it runs in a
    subprocess of `--dlt-python` (default: this interpreter) so that dlt may live in its own venv;
 5. rotate-to-visible latency of a 10-event batch with the warm session;
 6. scaling: the pipeline again on 4×N events (skip with --no-scaling);
 7. executor path: CPU time per event of one Spark task's body (`process_splits`: read, step chain,
    value checks, binary COPY into a stage table) in this process, without Spark, on the first
-   `--executor-events` events. CPU time, unlike the rates above, hardly moves when other work
-   shares the machine.
+   `--executor-events` events; where Postgres takes direct writes, again writing straight into a
+   table of the pipeline's column types. CPU time, unlike the rates above, hardly moves when
+   other work shares the machine.
 
 Prints events/s and the ratios (targets: pipeline ≥ 0.5× floor, ≥ 3× dlt, latency ≤ 3 s).
 """
@@ -29,7 +35,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from datetime import UTC
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +47,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).parent))
 
 import common
-from common import EVENTS_PER_FILE, generate_logs, stage_as_rotated
+from common import EVENTS_PER_FILE, PeakRss, generate_logs, stage_as_rotated
 from eventspark.batch.partition import process_splits
 from eventspark.batch.plan import JobPlan, token_routes
 from eventspark.batch.process import run_pass
@@ -47,23 +55,23 @@ from eventspark.batch.session import get_session
 from eventspark.batch.splits import Split
 from eventspark.config import LoadedConfig
 from eventspark.coordination import MemoryCoordination
+from eventspark.destinations.postgres.dialect import DIALECT
 from eventspark.destinations.postgres.load import PostgresWarehouse as PostgresAdapter
 from eventspark.logs.incoming import live_log_name, rotate_incoming_logs
 from eventspark.steps.flatten import flatten
-from eventspark.steps.typing import DataType, infer_type
+from eventspark.steps.typing import DataType, coerce
 from generate import generate_events
 
 PG = {"host": "127.0.0.1", "port": 5432, "db": "test", "username": "postgres"}
 PG_CONNINFO = "host=127.0.0.1 port=5432 dbname=test user=postgres"
 
 FLOOR_CHUNK = 50_000
-FLOOR_TYPES = {
-    DataType.BOOL: "boolean",
-    DataType.INT64: "bigint",
-    DataType.FLOAT64: "float8",
-    DataType.TIMESTAMP: "text",
-    DataType.STRING: "text",
-}
+FLOOR_FORMATS = ("binary", "text")
+
+# EventNative 1.41 on this machine, as issue 19 quotes it (the bench cannot run EventNative).
+EVENTNATIVE_EVENTS = 200_000
+EVENTNATIVE_RATE = 4_300
+EVENTNATIVE_RSS = 6.0e9
 
 
 def bench_config(root: Path, schema: str, master: str) -> LoadedConfig:
@@ -89,21 +97,50 @@ def drop_schema(schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def run_pipeline(work: Path, files: list[Path], master: str, session: Any, label: str) -> float:
-    """One pass over `files`; returns its duration in seconds after checking every event landed."""
-    n = sum(1 for f in files for _ in f.open("rb"))
+def table_types(schema: str, table: str = "events") -> dict[str, str]:
+    """Column → SQL type (as `format_type` spells it: `numeric(38,18)`, `timestamp without time
+    zone`...) of a table, in column order."""
+    with psycopg.connect(PG_CONNINFO) as conn:
+        rows = conn.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+            "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (f'"{schema}"."{table}"',),
+        ).fetchall()
+    return dict(rows)
+
+
+def run_pipeline(
+    work: Path,
+    files: list[Path],
+    master: str,
+    session: Any,
+    label: str,
+    types: dict[str, str] | None = None,
+    prime: Sequence[Path] = (),
+) -> float:
+    """One pass over `files` into a new schema; returns its duration in seconds after checking
+    every event landed. `prime`: logs of an earlier pass (untimed) that creates the table, so
+    that the timed one is the steady state of a running server (the table exists, its columns
+    fit). `types`, when given, receives the column types of the table."""
+    n = sum(1 for f in [*prime, *files] for _ in f.open("rb"))
     root = work / label
     schema = f"bench_{label}"
     drop_schema(schema)
     shutil.rmtree(root, ignore_errors=True)
     loaded = bench_config(root, schema, master)
-    stage_as_rotated(files, root / "events" / "incoming")
+    coordination = MemoryCoordination("bench")
+    if prime:
+        stage_as_rotated(prime, root / "events" / "incoming")
+        run_pass(loaded, coordination, session=session)
+    stage_as_rotated(files, root / "events" / "incoming", first=len(prime))
     started = time.perf_counter()
-    result = run_pass(loaded, MemoryCoordination("bench"), session=session)
+    result = run_pass(loaded, coordination, session=session)
     elapsed = time.perf_counter() - started
     loaded_rows = pg_count(schema)
     if not result.ok or loaded_rows != n:
         raise SystemExit(f"pipeline run {label} is wrong: ok={result.ok}, {loaded_rows} rows for {n} events")
+    if types is not None:
+        types.update(table_types(schema))
     drop_schema(schema)
     shutil.rmtree(root, ignore_errors=True)
     return elapsed
@@ -122,46 +159,66 @@ def floor_rows(files: list[Path]) -> Iterator[list[dict[str, Any]]]:
         yield batch
 
 
-def run_floor(files: list[Path]) -> tuple[float, int]:
-    """Binary COPY of pre-flattened rows in one process; only the COPY is timed."""
+def run_floor(files: list[Path], types: dict[str, str]) -> dict[str, float]:
+    """COPY of the pre-flattened rows from one process into tables with the column types `types`
+    of the pipeline's table: seconds of COPY per format (binary, text), taking turns chunk by
+    chunk. Untimed: flattening, converting each value to the Python type of its column
+    (Decimal for numeric, naive UTC datetime for timestamp), creating the tables."""
     schema = "bench_floor"
     drop_schema(schema)
-    copied, timed = 0, 0.0
+    timed = dict.fromkeys(FLOOR_FORMATS, 0.0)
     with psycopg.connect(PG_CONNINFO) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
-        columns: dict[str, DataType] | None = None
+        for fmt in FLOOR_FORMATS:
+            conn.execute(f'CREATE TABLE "{schema}"."{fmt}" ({column_defs(types)})')
+        conn.commit()
+        names: list[str] | None = None
         for rows in floor_rows(files):
-            if columns is None:
-                columns = _floor_columns(rows)
-                defs = ", ".join(f'"{c}" {FLOOR_TYPES[t]}' for c, t in columns.items())
-                conn.execute(f'CREATE TABLE "{schema}".events ({defs})')
-            names = list(columns)
-            prepared = [[row.get(c) for c in names] for row in rows]
-            started = time.perf_counter()
-            with conn.cursor().copy(
-                f'COPY "{schema}".events ({", ".join(chr(34) + c + chr(34) for c in names)}) FROM STDIN (FORMAT BINARY)'
-            ) as copy:
-                copy.set_types([FLOOR_TYPES[columns[c]] for c in names])
-                for values in prepared:
-                    copy.write_row(values)
-            conn.commit()
-            timed += time.perf_counter() - started
-            copied += len(rows)
+            names = names or [c for c in types if any(c in row for row in rows)]
+            prepared = _floor_values(rows, names, [types[c] for c in names])
+            for fmt in FLOOR_FORMATS:
+                timed[fmt] += _floor_copy(conn, f'"{schema}"."{fmt}"', names, [types[c] for c in names], prepared, fmt)
+        print(f"  floor tables: {len(types)} columns as the pipeline's, {len(names or ())} of them in the rows")
     drop_schema(schema)
-    return timed, copied
+    return timed
 
 
-def _floor_columns(rows: list[dict[str, Any]]) -> dict[str, DataType]:
-    columns: dict[str, DataType] = {}
-    for row in rows:
-        for name, value in row.items():
-            found = infer_type(value)
-            if found is DataType.BOOL or found is DataType.TIMESTAMP:
-                found = found if columns.get(name, found) is found else DataType.STRING
-            elif name in columns and columns[name] is not found:
-                found = DataType.STRING if DataType.STRING in (found, columns[name]) else DataType.FLOAT64
-            columns[name] = found
-    return columns
+def column_defs(types: dict[str, str]) -> str:
+    return ", ".join(f'"{c}" {t}' for c, t in types.items())
+
+
+def _floor_copy(
+    conn: psycopg.Connection[Any], table: str, names: list[str], sql_types: list[str], rows: list[list[Any]], fmt: str
+) -> float:
+    """Seconds of one COPY (and its commit) of `rows`, values already of their columns' Python types."""
+    columns = ", ".join(f'"{c}"' for c in names)
+    started = time.perf_counter()
+    with conn.cursor().copy(f"COPY {table} ({columns}) FROM STDIN (FORMAT {fmt.upper()})") as copy:
+        if fmt == "binary":  # the type without its modifier: numeric(38,18) → numeric
+            copy.set_types([t.split("(")[0] for t in sql_types])
+        for values in rows:
+            copy.write_row(values)
+    conn.commit()
+    return time.perf_counter() - started
+
+
+def _floor_values(rows: list[dict[str, Any]], names: list[str], sql_types: list[str]) -> list[list[Any]]:
+    convert = [_converter(t) for t in sql_types]
+    return [[None if row.get(c) is None else f(row[c]) for c, f in zip(names, convert, strict=True)] for row in rows]
+
+
+def _converter(sql_type: str) -> Any:
+    """The value → Python value of a column of `sql_type` (a Postgres type the dialect makes)."""
+    kind = DIALECT.data_type_of(sql_type)
+    if kind is None:
+        raise SystemExit(f"the floor cannot copy into a {sql_type} column")
+    if kind is DataType.FLOAT64:
+        if not sql_type.startswith("numeric"):
+            return lambda v: coerce(v, kind)
+        return lambda v: Decimal(repr(coerce(v, kind)))
+    if kind is DataType.TIMESTAMP and "with time zone" not in sql_type:
+        return lambda v: coerce(v, kind).astimezone(UTC).replace(tzinfo=None)  # type: ignore[union-attr]
+    return lambda v: coerce(v, kind)
 
 
 DLT_WORKER = """
@@ -234,8 +291,10 @@ def run_latency(work: Path, master: str, session: Any) -> float:
     return elapsed
 
 
-def run_executor(work: Path, files: list[Path], n: int) -> float:
-    """CPU seconds per event of `process_splits` over the first `n` events (one task, real stage)."""
+def run_executor(work: Path, files: list[Path], n: int, types: dict[str, str] | None = None) -> float:
+    """CPU seconds per event of `process_splits` over the first `n` events (one task, one split):
+    into a real stage, or with `types` (the pipeline's table) written directly into a table of
+    those column types (`Capabilities.direct_writes`)."""
     schema = "bench_executor"
     drop_schema(schema)
     loaded = bench_config(work / "executor", schema, "local[1]")
@@ -249,27 +308,67 @@ def run_executor(work: Path, files: list[Path], n: int) -> float:
     routes = token_routes(loaded.config.api_keys, plan.destinations)
     plan.secret_tokens, plan.token_destinations, plan.default_destinations = routes
     plan.stages = {"pg": adapter.stage_target("bench0000000000")}
+    if types is not None:
+        _plan_direct(plan, adapter, schema, types)
     try:
         started = time.process_time()
         process_splits(plan, 0, [Split(str(path), 0, path.stat().st_size)])
-        return (time.process_time() - started) / n
+        cpu = time.process_time() - started
+        if types is not None and pg_count(schema) != n:
+            raise SystemExit(f"the executor did not write directly: {pg_count(schema)} rows of {n} in the table")
+        return cpu / n
     finally:
         adapter.close()
         drop_schema(schema)
 
 
+def _plan_direct(plan: JobPlan, adapter: PostgresAdapter, schema: str, types: dict[str, str]) -> None:
+    """The plan of a pass whose table exists with `types` (the steady state): direct writes."""
+    direct_target = adapter.direct_target("bench0000000000")  # creates the schema
+    with psycopg.connect(PG_CONNINFO, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{schema}".events ({column_defs(types)})')
+    plan.direct = {"pg": direct_target}
+    plan.sql_types = {"pg": {"events": dict(types)}}
+    plan.existing = {"pg": {"events": {c: DIALECT.data_type_of(t) for c, t in types.items()}}}
+
+
+def report_eventnative(
+    work: Path, n: int, rate: float, peak: int, args: argparse.Namespace, session: Any, prime: Sequence[Path]
+) -> None:
+    """The pipeline on EventNative's 200k events (the first 200k of the pass) beside its figures."""
+    if n != EVENTNATIVE_EVENTS:
+        files = generate_logs(work / "data-200k", EVENTNATIVE_EVENTS, args.seed)  # the same first events
+        with PeakRss() as rss:
+            rate = EVENTNATIVE_EVENTS / run_pipeline(work, files, args.master, session, "en", prime=prime)
+        peak = rss.peak
+        shutil.rmtree(work / "data-200k", ignore_errors=True)
+    print(
+        f"EventNative 1.41, {EVENTNATIVE_EVENTS:,} events: {EVENTNATIVE_RATE:,} events/s, "
+        f"{EVENTNATIVE_RSS / 1e9:.1f} GB peak RSS (quoted from issue 19, not measured here)"
+    )
+    print(
+        f"  pipeline on the same {EVENTNATIVE_EVENTS:,} events: {rate:,.0f} events/s, {peak / 1e9:.2f} GB peak RSS: "
+        f"×{rate / EVENTNATIVE_RATE:.1f} the rate (target ≥ 8), ×{peak / EVENTNATIVE_RSS:.2f} the memory"
+    )
+
+
 def main() -> None:
     if "--destination" in sys.argv and sys.argv[sys.argv.index("--destination") + 1 :][:1] != ["postgres"]:
-        import destinations  # ClickHouse and MySQL: their own bench, with their own floors
+        import destinations  # ClickHouse, MySQL and DuckDB: their own bench, with their own floors
 
         destinations.main()
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--destination", choices=["postgres", "clickhouse", "mysql"], default="postgres")
+    parser.add_argument("--destination", choices=["postgres", "clickhouse", "mysql", "duckdb"], default="postgres")
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--no-scaling", action="store_true", help="skip the 4×N run")
+    parser.add_argument(
+        "--fresh-table",
+        action="store_true",
+        help="time passes that create their table (default: a 2,000-event pass creates it first, untimed)",
+    )
     parser.add_argument("--no-dlt", action="store_true")
     parser.add_argument("--dlt-python", default=sys.executable, help="a Python with dlt[postgres] installed")
     parser.add_argument(
@@ -312,19 +411,29 @@ def report(args: argparse.Namespace, work: Path, n: int) -> None:
     started = time.perf_counter()
     run_pipeline(work, warm, args.master, session, "warm")  # Python workers, imports, JIT of the JVM
     print(f"warm-up pass of 2,000 events: {time.perf_counter() - started:.1f} s (not counted)")
+    prime = () if args.fresh_table else warm
+    print("passes into " + ("a new table" if args.fresh_table else "the table an earlier pass made (steady state)"))
 
-    pipeline = run_pipeline(work, files, args.master, session, "n")
+    types: dict[str, str] = {}
+    with PeakRss() as rss:
+        pipeline = run_pipeline(work, files, args.master, session, "n", types, prime)
     rate = n / pipeline
-    print(f"pipeline:        {rate:>10,.0f} events/s  ({pipeline:.1f} s)")
-    floor_time, copied = run_floor(files)
-    floor = copied / floor_time
-    print(f"COPY floor:      {floor:>10,.0f} events/s  ({floor_time:.1f} s of COPY)")
+    print(f"pipeline:        {rate:>10,.0f} events/s  ({pipeline:.1f} s, {rss})")
+    floors = {fmt: n / seconds for fmt, seconds in run_floor(files, types).items()}
+    fmt, floor = max(floors.items(), key=lambda item: item[1])
+    others = ", ".join(f"{other} {floors[other]:,.0f}" for other in floors if other != fmt)
+    print(f"COPY floor:      {floor:>10,.0f} events/s  ({fmt} COPY into the pipeline's column types; {others})")
     print(f"  ratio pipeline / floor: {rate / floor:.2f}  (target ≥ 0.5)")
+    report_eventnative(work, n, rate, rss.peak, args, session, prime)
     executor_n = min(args.executor_events, n, EVENTS_PER_FILE)
     if executor_n > 0:
+        run_executor(work, files, min(executor_n, 2_000))  # warms the caches (UA parser, lookups)
         cpu = run_executor(work, files, executor_n)
         print(f"executor path:   {cpu * 1e6:>10.1f} µs CPU/event  ({1 / cpu:,.0f} events/s per core, one process)")
         print(f"  ratio executor core / floor: {1 / cpu / floor:.2f}")
+        if getattr(PostgresAdapter.capabilities, "direct_writes", False):
+            cpu = run_executor(work, files, executor_n, types)
+            print(f"  the same, direct writes: {cpu * 1e6:.1f} µs CPU/event  ({1 / cpu:,.0f} events/s per core)")
     if not args.no_dlt:
         dlt_files, dlt_n = files, n
         if args.dlt_events is not None and args.dlt_events < n:
@@ -338,7 +447,7 @@ def report(args: argparse.Namespace, work: Path, n: int) -> None:
     print(f"rotate-to-visible, 10 events, warm session: {latency:.2f} s  (target ≤ 3)")
     if not args.no_scaling:
         big = generate_logs(work / "data4", 4 * n, args.seed + 1)
-        big_time = run_pipeline(work, big, args.master, session, "n4")
+        big_time = run_pipeline(work, big, args.master, session, "n4", prime=prime)
         big_rate = 4 * n / big_time
         print(f"pipeline 4×N:    {big_rate:>10,.0f} events/s  ({big_time:.1f} s)")
         print(

@@ -1,7 +1,7 @@
-"""Batch loads into ClickHouse or MySQL against a raw-insert floor measured in the same run.
+"""Batch loads into ClickHouse, MySQL or DuckDB against a raw-insert floor measured in the same run.
 
-    .venv/bin/python bench/destinations.py --destination clickhouse|mysql [--events N] [--rounds R]
-        [--master local[*]]
+    .venv/bin/python bench/destinations.py --destination clickhouse|mysql|duckdb [--events N]
+        [--rounds R] [--master local[*]]
 
 1. generates N web events (bench/generate.py) as rotated incoming logs;
 2. adapter: the same events flattened and typed beforehand (untimed), then staged and committed
@@ -13,11 +13,14 @@
    - floor: the same pre-flattened rows, converted to the target's column types (untimed, once),
      inserted into a copy of that table from one process (timed: encoding + insert), the fastest
      way found: ClickHouse `INSERT ... FORMAT TabSeparated` over HTTP or the native protocol
-     through clickhouse-driver (the faster of the two counts); MySQL `LOAD DATA LOCAL INFILE`.
+     through clickhouse-driver (the faster of the two counts); MySQL `LOAD DATA LOCAL INFILE`;
+     DuckDB its own readers of a file written beforehand (untimed): `INSERT ... SELECT FROM
+     read_json` of JSON lines or `COPY ... FROM` a CSV file (the faster of the two counts).
 
 ClickHouse is the test server of scripts/clickhouse.sh (started in a temporary folder); MySQL is
-the machine's MariaDB at 127.0.0.1:3306. Prints every round, then events/s and the ratio of the
-best round of each side, and the median ratio (target: pipeline ≥ 0.5× the floor).
+the machine's MariaDB at 127.0.0.1:3306; DuckDB a file in the temporary folder. Prints every
+round, then events/s and the ratio of the best round of each side, the median ratio (target:
+pipeline ≥ 0.5× the floor) and the peak RSS of the process tree during the pipeline's passes.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import bench_config, free_port, generate_logs, stage_as_rotated
+from common import PeakRss, bench_config, free_port, generate_logs, stage_as_rotated
 from eventspark.batch.chunks import ChunkBuffer
 from eventspark.batch.process import run_pass
 from eventspark.batch.session import get_session
@@ -82,13 +85,30 @@ class Warehouse:
     def stop(self) -> None:
         if self.kind == "clickhouse":
             subprocess.run([str(ROOT / "scripts" / "clickhouse.sh"), "stop", str(self.ch_dir)], check=True)
-        else:
+        elif self.kind == "mysql":
             self.mysql(f"DROP DATABASE IF EXISTS `{self.db}`")
 
     def destination(self) -> dict[str, Any]:
         if self.kind == "clickhouse":
             return {"type": "clickhouse", "clickhouse": {"dsns": [f"http://127.0.0.1:{self.http_port}"], "db": self.db}}
+        if self.kind == "duckdb":
+            return {"type": "duckdb", "duckdb": {"path": str(self.duckdb_path)}}
         return {"type": "mysql", "datasource": {**MYSQL, "db": self.db}}
+
+    @property
+    def duckdb_path(self) -> Path:
+        return self.work / "warehouse.duckdb"
+
+    def duck(self, sql: str) -> list[tuple[Any, ...]]:
+        """A statement on the DuckDB file (in this process, as the pipeline's driver opens it)."""
+        import duckdb
+
+        conn = duckdb.connect(str(self.duckdb_path))
+        try:
+            conn.execute("SET TimeZone = 'UTC'")
+            return conn.execute(sql).fetchall()
+        finally:
+            conn.close()
 
     def config(self, root: Path, master: str, table: str) -> LoadedConfig:
         dest = {**self.destination(), "data_layout": {"table_name_template": table}}
@@ -117,11 +137,15 @@ class Warehouse:
     def count(self, table: str) -> int:
         if self.kind == "clickhouse":
             return int(self.ch(f"SELECT count() FROM `{self.db}`.`{table}`"))
+        if self.kind == "duckdb":
+            return int(self.duck(f'SELECT count(*) FROM "{table}"')[0][0])
         return int(self.mysql(f"SELECT count(*) FROM `{self.db}`.`{table}`")[0][0])
 
     def copy_table(self, source: str, copy: str) -> None:
         if self.kind == "clickhouse":
             self.ch(f"CREATE TABLE `{self.db}`.`{copy}` AS `{self.db}`.`{source}`")
+        elif self.kind == "duckdb":
+            self.duck(f'CREATE TABLE "{copy}" AS SELECT * FROM "{source}" LIMIT 0')
         else:
             self.mysql(f"CREATE TABLE `{self.db}`.`{copy}` LIKE `{self.db}`.`{source}`")
 
@@ -198,13 +222,18 @@ class Floor:
         assert target is not None
         self.columns = list(target.columns)
         kinds = [adapter.data_type_of(t) for t in target.columns.values()]
+        self.sql_types = list(target.columns.values())
         self.prepared = [_floor_rows(wh.kind, have, rows, self.columns, kinds) for have, rows, _h, _n in chunks]
         adapter.close()
+        if wh.kind == "duckdb":
+            self.files = _duck_files(wh.work / "floor", self.columns, self.prepared)
 
     def run(self, table: str) -> tuple[float, str]:
         """Seconds of the fastest way into `table` (a new copy of the pipeline's table), and its name."""
         wh, columns, prepared = self.wh, self.columns, self.prepared
         wh.copy_table("floor_like", table)
+        if wh.kind == "duckdb":
+            return _floor_duckdb(wh, table, columns, self.sql_types, self.files)
         if wh.kind != "clickhouse":
             return _timed(lambda: _floor_load_data(wh, table, columns, prepared)), "LOAD DATA LOCAL INFILE"
         results = [(_timed(lambda: _floor_http(wh, table, columns, prepared)), "HTTP TabSeparated")]
@@ -282,6 +311,52 @@ def _floor_native(wh: Warehouse, table: str, columns: list[str], prepared: list[
     return elapsed
 
 
+def _duck_files(folder: Path, columns: list[str], prepared: list[list[list[Any]]]) -> tuple[Path, Path]:
+    """The converted rows as one JSON-lines file (objects) and one CSV file (the table's order)."""
+    import csv
+
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = folder / "rows.jsonl", folder / "rows.csv"
+    with json_path.open("wb") as json_out, csv_path.open("w", newline="") as csv_out:
+        writer = csv.writer(csv_out)
+        for rows in prepared:
+            json_out.writelines(
+                orjson.dumps(dict(zip(columns, row, strict=True)), option=orjson.OPT_APPEND_NEWLINE) for row in rows
+            )
+            writer.writerows([_csv_value(v) for v in row] for row in rows)
+    return json_path, csv_path
+
+
+def _csv_value(value: Any) -> Any:
+    # An empty unquoted field is NULL for DuckDB's CSV reader; a datetime as ISO text with offset.
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _floor_duckdb(
+    wh: Warehouse, table: str, columns: list[str], sql_types: list[str], files: tuple[Path, Path]
+) -> tuple[float, str]:
+    """The faster of `read_json` (told the table's columns) and `COPY FROM` CSV into `table`."""
+    json_path, csv_path = files
+    types = ", ".join(f"{_sql_literal(c)}: {_sql_literal(t)}" for c, t in zip(columns, sql_types, strict=True))
+    read_json = (
+        f'INSERT INTO "{table}" SELECT * FROM read_json({_sql_literal(json_path)}, '
+        f"format = 'newline_delimited', columns = {{{types}}})"
+    )
+    copy = f'COPY "{table}" FROM {_sql_literal(csv_path)} (FORMAT csv, HEADER false)'
+    results = []
+    for how, statement in (("read_json", read_json), ("COPY FROM CSV", copy)):
+        wh.duck(f'DELETE FROM "{table}"')
+        results.append((_timed(lambda statement=statement: wh.duck(statement)), how))
+        if wh.count(table) != sum(1 for _ in json_path.open("rb")):
+            raise SystemExit(f"duckdb floor {how} loaded {wh.count(table)} rows")
+    (best, how), (other, other_how) = sorted(results)
+    return best, f"{how}; {other_how} {other / best:.2f}x its time"
+
+
+def _sql_literal(text: Path | str) -> str:
+    return "'" + str(text).replace("'", "''") + "'"
+
+
 def _floor_load_data(wh: Warehouse, table: str, columns: list[str], prepared: list[list[list[Any]]]) -> None:
     import pymysql
 
@@ -304,7 +379,7 @@ def _floor_load_data(wh: Warehouse, table: str, columns: list[str], prepared: li
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--destination", choices=["clickhouse", "mysql"], required=True)
+    parser.add_argument("--destination", choices=["clickhouse", "mysql", "duckdb"], required=True)
     parser.add_argument("--events", type=int, default=500_000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--rounds", type=int, default=3, help="pipeline and floor runs, taking turns")
@@ -336,10 +411,12 @@ def report(args: argparse.Namespace, wh: Warehouse, work: Path) -> None:
     pass_bytes = sum(path.stat().st_size for path in files)
     adapter = run_adapter(wh, typed_chunks(files, json_lines=wh.kind == "clickhouse"), work, pass_bytes)
     floor: Floor | None = None
-    pipelines, floors = [], []
+    pipelines, floors, peaks = [], [], []
     print(f"{args.destination}: {n} events, master {args.master}, {os.cpu_count()} CPUs")
     for round_ in range(args.rounds):
-        pipelines.append(run_pipeline(wh, work, files, args.master, session, n, table=f"events{round_}"))
+        with PeakRss() as rss:
+            pipelines.append(run_pipeline(wh, work, files, args.master, session, n, table=f"events{round_}"))
+        peaks.append(rss)
         if floor is None:  # the floor's tables copy the one the pipeline made
             floor = Floor(wh, typed_chunks(files, json_lines=False), like="events0")
         seconds, how = floor.run(f"floor{round_}")
@@ -352,6 +429,7 @@ def report(args: argparse.Namespace, wh: Warehouse, work: Path) -> None:
     ratio = best_floor / best_pipeline
     print(f"  pipeline, best round:        {n / best_pipeline:12,.0f} events/s  ({ratio:.2f}x floor)")
     print(f"  median of the rounds' ratios: {ratio_median:.2f}x")
+    print(f"  a pass's highest peak (bench, JVM, Python workers): {max(peaks, key=lambda rss: rss.peak)}")
     print(f"  target pipeline >= 0.5x floor: {'met' if ratio >= 0.5 else 'MISSED'}")
 
 

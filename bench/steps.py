@@ -10,7 +10,9 @@ lines, measured in the same run, so the ratio is comparable across noisy machine
 Times are CPU time of this process (``time.process_time``), the best of ``--repeat`` runs, and the
 runs of everything compared take turns (baseline, chain, baseline, chain, ...): a burst of load
 from elsewhere on a shared machine then slows both sides alike rather than one. ``--stages`` adds
-the cost of each step: the chain cut after that step less the chain cut before it. ``--profile``
+the cost of each step: the chain cut after that step less the chain cut before it, and of the
+executors' typed buffer after the chain (`chunk`: `batch.chunks.ChunkBuffer`, the stream's
+`header` is not on their path). ``--profile``
 prints cProfile's busiest functions for one chain run.
 """
 
@@ -23,7 +25,7 @@ import importlib.util
 import pstats
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,6 +33,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from eventspark.batch.chunks import ChunkBuffer
+from eventspark.batch.plan import DEFAULT_CHUNK_ROWS
 from eventspark.destinations.duckdb.configuration import DuckDBDestination
 from eventspark.steps.chain import DestinationChain, HeaderBuilder, Row
 from eventspark.steps.context import enrich_context
@@ -39,7 +43,7 @@ from eventspark.steps.lookup import GeoResolver, UserAgentParser
 from generate import count_leaves, generate_events
 
 TEMPLATE = '{{.event_type}}_{{._timestamp.Format "2006_01"}}'
-STAGES = ("orjson.loads", "context", "template", "lookup", "mapping", "flatten", "header")
+STAGES = ("orjson.loads", "context", "template", "lookup", "mapping", "flatten", "header", "chunk")
 
 
 def geolite_path() -> str | None:
@@ -91,8 +95,10 @@ def run_chain(lines: list[bytes], chain: DestinationChain) -> HeaderBuilder:
 
 
 def run_stages(lines: list[bytes], chain: DestinationChain, stages: int) -> HeaderBuilder:
-    """`run_chain` with `DestinationChain.process` spelled out, cut after the first `stages` steps."""
+    """`run_chain` with `DestinationChain.process` spelled out, cut after the first `stages` steps;
+    the last stage is the executors' (`add_to_chunk`) rather than the chain's."""
     headers = HeaderBuilder()
+    buffers: dict[str, ChunkBuffer] = {}
     now = datetime.now(UTC)
     for line in lines:
         event = orjson.loads(line)
@@ -114,7 +120,23 @@ def run_stages(lines: list[bytes], chain: DestinationChain, stages: int) -> Head
         if stages < 7:
             continue
         headers.add(Row(table, values, casts))
+        if stages < 8:
+            continue
+        add_to_chunk(buffers, table, values, casts)
+    for buffer in buffers.values():
+        buffer.take()
     return headers
+
+
+def add_to_chunk(buffers: dict[str, ChunkBuffer], table: str, values: dict, casts: Mapping[str, str]) -> None:
+    """What a Spark executor does with a row after the chain: checks it into its table's buffer,
+    which hands over a chunk of `DEFAULT_CHUNK_ROWS` rows (the stage's own encoding not included)."""
+    buffer = buffers.get(table)
+    if buffer is None:
+        buffer = buffers[table] = ChunkBuffer(table, None)
+    buffer.add(values, casts)
+    if len(buffer) >= DEFAULT_CHUNK_ROWS:
+        buffer.take()
 
 
 def run_baseline(lines: list[bytes]) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import orjson
+from hypothesis import given
+from hypothesis import strategies as st
 
 from eventspark.batch.chunks import ChunkBuffer, to_stage
 from eventspark.destinations.base import ORDER_COLUMN
@@ -21,6 +23,33 @@ def test_new_columns_take_the_promoted_type_and_values_are_converted() -> None:
     assert rows == [[1, 1.0, "2020-08-02T18:23:56Z", None], [2, 1.5, "text", None], [3, None, None, "[1]"]]
     assert {n: f.type for n, f in header.fields.items()} == columns
     assert len(buffer) == 0 and buffer.take()[1] == []
+
+
+values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False), st.text(max_size=3))
+
+
+@given(st.lists(st.dictionaries(st.sampled_from("abcde"), values), max_size=12))
+def test_taken_rows_are_the_added_rows_in_column_order(rows: list[dict]) -> None:
+    # Rows are kept as lists from the moment they are added: those added before a column came
+    # must still get None there, and every value its column's final (promoted) form. A row
+    # refused (inf) is not kept, though a column it brought may stay.
+    buffer = ChunkBuffer("t", None)
+    kept = [row for row in rows if buffer.add(dict(row), {}) is None]
+    columns, taken, _ = buffer.take()
+    expected = [[None if row.get(c) is None else to_stage(row[c], t) for c, t in columns.items()] for row in kept]
+    assert taken == expected
+
+
+def test_a_timestamp_column_stays_one_while_its_text_parses() -> None:
+    buffer = ChunkBuffer("t", None)
+    for text in ("2020-08-02T18:23:56Z", "2020-08-02T18:23:57.5+02:00", "9999-12-31T23:00:00+01:00"):
+        assert buffer.add({"when": text, "_timestamp": text}, {}) is None
+    assert buffer.take()[0] == {"when": T, "_timestamp": T}
+    assert buffer.add({"when": "2020-08-02T18:23:56Z", "_timestamp": "2020-08-02T18:23:56Z"}, {}) is None
+    # After year 9999 in UTC: not a timestamp, so the column becomes text and the fixed one refuses it.
+    assert buffer.add({"when": "9999-12-31T23:00:00-01:00"}, {}) is None
+    assert buffer.add({"_timestamp": "9999-12-31T23:00:00-01:00"}, {}) is not None
+    assert buffer.take()[0] == {"when": S, "_timestamp": T}
 
 
 def test_existing_columns_check_values_and_name_the_misfit() -> None:

@@ -10,8 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from eventspark.batch.partition import SUMMARY_FIELDS, process_splits
+from eventspark.batch.partition import process_splits
 from eventspark.batch.plan import JobPlan, token_routes
+from eventspark.batch.results import TaskResult
 from eventspark.batch.splits import Split
 from eventspark.config.models import ApiKey
 from eventspark.destinations.base import ORDER_COLUMN, StagedChunk, TransientError
@@ -68,26 +69,25 @@ def _plan(tmp_path: Path, stage: RecordingStage, chunk_rows: int = 50_000) -> Jo
     return plan
 
 
-def _run(tmp_path: Path, plan: JobPlan, lines: list[bytes]) -> list[dict[str, Any]]:
+def _run(tmp_path: Path, plan: JobPlan, lines: list[bytes]) -> TaskResult:
     path = tmp_path / "log"
     path.write_bytes(b"".join(line + b"\n" for line in lines))
-    rows = process_splits(plan, 3, [Split(str(path), 0, path.stat().st_size)])
-    return [dict(zip(SUMMARY_FIELDS, row, strict=True)) for row in rows]
+    (result,) = process_splits(plan, 3, [Split(str(path), 0, path.stat().st_size)])
+    return result
 
 
 @pytest.mark.parametrize("stage_class", [RecordingStage, RecordingJsonStage])
 def test_counts_chunks_and_failed_spools(tmp_path: Path, stage_class: type[RecordingStage]) -> None:
     stage = stage_class(refuse=set())
     lines = [orjson.dumps({"event_type": "a", "n": i}) for i in range(5)] + [b"{oops", b'{"event_type": ""}']
-    summary = _run(tmp_path, _plan(tmp_path, stage, chunk_rows=2), lines)
-    counts = {(r["file"], r["tbl"]): (r["rows"], r["failed"], r["skipped"]) for r in summary if r["kind"] == "count"}
+    result = _run(tmp_path, _plan(tmp_path, stage, chunk_rows=2), lines)
+    counts = {(c.file, c.table): (c.rows, c.failed, c.skipped) for c in result.counts}
     assert counts == {("log", "a"): (5, 0, 0), ("log", ""): (0, 1, 1)}
-    chunks = [orjson.loads(r["payload"]) for r in summary if r["kind"] == "chunk"]
-    assert [c["chunk"]["rows"] for c in chunks] == [2, 2, 1]
-    assert chunks[0]["header"]["fields"]["n"] == {"type": "INT64"}
+    assert [(s.dest_id, s.table, s.chunk.rows) for s in result.staged] == [("dd", "a", n) for n in (2, 2, 1)]
+    assert result.staged[0].header.fields["n"].type is DataType.INT64
     # issue 17: a line without an event id gets one at load, derived from the line (EventNative 1.41)
     assert [row for _, rows in stage.written for row in rows][-1] == ["a", 4, line_event_id(lines[4])]
-    (spool,) = [r["spool"] for r in summary if r["spool"]]
+    (spool,) = [c.spool for c in result.counts if c.spool]
     assert orjson.loads(Path(spool).read_bytes())["event"] == "{oops"
 
 
@@ -95,10 +95,9 @@ def test_counts_chunks_and_failed_spools(tmp_path: Path, stage_class: type[Recor
 def test_a_stage_failure_fails_its_pair_and_the_task_goes_on(tmp_path: Path, stage_class: type[RecordingStage]) -> None:
     stage = stage_class(refuse={"down"})
     lines = [orjson.dumps({"event_type": t}) for t in ("down", "up", "down")]
-    summary = _run(tmp_path, _plan(tmp_path, stage), lines)
-    errors = [(r["tbl"], r["payload"]) for r in summary if r["kind"] == "error"]
-    assert errors == [("down", "staging: stage is down")]
-    assert [r["tbl"] for r in summary if r["kind"] == "chunk"] == ["up"]
+    result = _run(tmp_path, _plan(tmp_path, stage), lines)
+    assert result.errors == {("dd", "down"): "staging: stage is down"}
+    assert [s.table for s in result.staged] == ["up"]
 
 
 def test_an_event_that_breaks_a_step_fails_alone(tmp_path: Path, monkeypatch: Any) -> None:
@@ -114,10 +113,10 @@ def test_an_event_that_breaks_a_step_fails_alone(tmp_path: Path, monkeypatch: An
     monkeypatch.setattr(DestinationChain, "process", fragile)
     stage = RecordingStage(refuse=set())
     lines = [orjson.dumps({"event_type": "a", "poison": True}), orjson.dumps({"event_type": "a"})]
-    summary = _run(tmp_path, _plan(tmp_path, stage), lines)
-    counts = {r["tbl"]: (r["rows"], r["failed"]) for r in summary if r["kind"] == "count"}
+    result = _run(tmp_path, _plan(tmp_path, stage), lines)
+    counts = {c.table: (c.rows, c.failed) for c in result.counts}
     assert counts == {"": (0, 1), "a": (1, 0)}
-    (spool,) = [r["spool"] for r in summary if r["spool"]]
+    (spool,) = [c.spool for c in result.counts if c.spool]
     assert "RecursionError: too deep" in orjson.loads(Path(spool).read_bytes())["error"]
 
 
@@ -130,9 +129,9 @@ def test_the_cycle_collector_is_left_as_it_was(tmp_path: Path) -> None:
                 gc.enable()
             else:
                 gc.disable()
-            rows = _run(tmp_path, _plan(tmp_path, stage), lines)
+            result = _run(tmp_path, _plan(tmp_path, stage), lines)
             assert gc.isenabled() is enabled
-            assert [r["rows"] for r in rows if r["kind"] == "count"] == [3]
+            assert [c.rows for c in result.counts] == [3]
     finally:
         gc.enable()
 

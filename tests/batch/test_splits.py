@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
-from eventspark.batch.splits import Split, plan_splits, read_split
+import pytest
+
+from eventspark.batch import splits as splits_module
+from eventspark.batch.splits import Split, plan_splits, read_split, split_range
 
 
 def test_every_line_is_read_once_for_any_cut(tmp_path: Path) -> None:
@@ -28,34 +32,61 @@ def test_a_last_line_without_newline_is_read(tmp_path: Path) -> None:
     assert list(read_split(Split(str(path), 0, 15))) == [b'{"a":1}', b'{"b":2}']
 
 
-def test_splits_cover_the_logs_in_order(tmp_path: Path) -> None:
+def _logs(tmp_path: Path, sizes: dict[str, int]) -> list[Path]:
     logs = []
-    for name, size in (("a", 10), ("b", 25), ("c", 0)):
+    for name, size in sizes.items():
         logs.append(tmp_path / name)
         logs[-1].write_bytes(b"x" * size)
-    splits = plan_splits(logs, parallelism=2, max_bytes=8)
-    assert [(Path(s.path).name, s.start, s.end) for s in splits] == [
+    return logs
+
+
+def _ranges(splits: list[Split]) -> list[tuple[str, int, int]]:
+    return [(s.name, s.start, s.end) for s in splits]
+
+
+def test_each_log_is_cut_in_equal_splits_of_at_most_split_bytes(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(splits_module, "SPLIT_BYTES", 8)
+    logs = _logs(tmp_path, {"a": 10, "b": 25, "c": 0, "d": 8})
+    assert _ranges(plan_splits(logs)) == [
         ("a", 0, 5),
         ("a", 5, 10),
         ("b", 0, 7),
         ("b", 7, 14),
         ("b", 14, 21),
         ("b", 21, 25),
+        ("d", 0, 8),
     ]
-    assert [s.name for s in plan_splits(logs, parallelism=2)] == ["a", "b"]  # small logs: one split each
+    monkeypatch.undo()
+    assert [s.name for s in plan_splits(logs)] == ["a", "b", "d"]  # small logs: one split each
 
 
-def test_splits_are_even_and_bounded(tmp_path: Path) -> None:
-    logs = []
-    for name, size in (("a", 283), ("b", 57)):
-        logs.append(tmp_path / name)
-        logs[-1].write_bytes(b"x" * size)
-    splits = plan_splits(logs, parallelism=2, max_bytes=64)
-    sizes = {name: [s.end - s.start for s in splits if s.name == name] for name in ("a", "b")}
-    assert sum(sizes["a"]) == 283 and sum(sizes["b"]) == 57
-    assert all(max(v) - min(v) < len(v) and max(v) <= 64 for v in sizes.values())
-    # Two cores taking the splits in order finish within one small split of each other.
-    loads = [0, 0]
-    for s in splits:
-        loads[loads.index(min(loads))] += s.end - s.start
-    assert abs(loads[0] - loads[1]) <= min(s.end - s.start for s in splits)
+def test_a_log_is_cut_the_same_whatever_the_other_logs(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(splits_module, "SPLIT_BYTES", 64)
+    a, b = _logs(tmp_path, {"a": 283, "b": 57})
+    alone = _ranges(plan_splits([a]))
+    assert alone == [("a", 0, 57), ("a", 57, 114), ("a", 114, 171), ("a", 171, 228), ("a", 228, 283)]
+    assert [r for r in _ranges(plan_splits([b, a])) if r[0] == "a"] == alone
+
+
+def test_known_splits_are_kept_and_the_gaps_cut_by_the_rule(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(splits_module, "SPLIT_BYTES", 10)
+    (log,) = _logs(tmp_path, {"a": 40})
+    # Markers of a pass that cut with another size; (5, 9) overlaps (3, 7), (38, 41) runs past the end.
+    known = {"a": [(3, 7), (20, 33), (5, 9), (38, 41)], "other": [(0, 2)]}
+    assert _ranges(plan_splits([log], known)) == [
+        ("a", 0, 3),
+        ("a", 3, 7),
+        ("a", 7, 14),
+        ("a", 14, 20),
+        ("a", 20, 33),
+        ("a", 33, 40),
+    ]
+
+
+def test_split_keys_give_back_their_range(tmp_path: Path) -> None:
+    split = Split(str(tmp_path / "incoming.tok@en.log"), 16, 4096)
+    assert split.key == "incoming.tok@en.log@16-4096"
+    assert split_range(split.key) == ("incoming.tok@en.log", 16, 4096)
+    for bad in ("log", "log@1", "log@a-2", "@1-2"):
+        with pytest.raises(ValueError, match="not a split key"):
+            split_range(bad)

@@ -6,8 +6,12 @@ STEP is a name the pass's Fault hook is called with ("staged", "pair committed",
 the process kills itself there, the way a `kill -9` would stop it, with no `finally` run. STEP
 "executors" leaves the hook alone: the first Spark task that finishes staging its rows writes
 SIGNALS/task-staged and then holds its task open, so that the test kills the process group from
-outside while a task is in progress. The pass runs on a SparkSession of its own (`local[1]`).
-A pass that ends without being killed exits 3.
+outside while a task is in progress. STEP "executor:<fault>" sets the job plan's
+`executor_fault` (`kill-before-commit:<n>`, `kill-after-commit:<n>`): an executor kills itself
+around a direct split commit, and the pass fails (local Spark does not retry a lost task); the
+runner then exits 1 with the job's error. The pass runs on a SparkSession of its own
+(`local[1]`), with splits of `SPLIT_BYTES` (environment) when set. A pass that ends without being
+killed exits 3.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eventspark.batch import job
+from eventspark.batch import job, splits
 from eventspark.batch.partition import process_splits
 from eventspark.batch.process import run_pass
 from eventspark.batch.session import get_session
@@ -55,11 +59,27 @@ def hold_after_staging(signals: str) -> Any:
     return staged_then_hold
 
 
+def with_executor_fault(fault: str) -> Any:
+    """Replaces `BatchJob._plan`: the plan it builds, with `executor_fault` set."""
+    planned = job.BatchJob._plan
+
+    def plan(self: Any, *args: Any, **kwargs: Any) -> Any:
+        made = planned(self, *args, **kwargs)
+        made.executor_fault = fault
+        return made
+
+    return plan
+
+
 def main(config_path: str, step: str, signals: str) -> int:
     loaded = load_config(Path(config_path))
     fault = None
+    if "SPLIT_BYTES" in os.environ:
+        splits.SPLIT_BYTES = int(os.environ["SPLIT_BYTES"])
     if step == "executors":
         job.process_splits = hold_after_staging(signals)  # type: ignore[assignment]
+    elif step.startswith("executor:"):
+        job.BatchJob._plan = with_executor_fault(step.removeprefix("executor:"))  # type: ignore[method-assign]
     else:
         fault = kill_me(step)
     session = get_session(SparkConfig(master="local[1]", conf={"spark.sql.shuffle.partitions": "1"}))

@@ -10,6 +10,9 @@ and the status files (`fault("committed")`). The rerun is a pass in this process
 The logs hold events that load, events that fail the template, values that fail a column's cast,
 and a table whose every event fails (no commit at all for it: only the status file knows it was
 done, so a crash before that file must not write its failed lines twice).
+
+An executor that writes Postgres splits directly (per-split markers) also kills itself around a
+split's commit (`JobPlan.executor_fault`): the rerun writes every other split, once.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from eventspark.batch import splits
 from eventspark.batch.process import run_pass
 from eventspark.coordination import MemoryCoordination
 from eventspark.logs.status import status_path
@@ -79,13 +83,15 @@ def exactly_once(ids: list[str]) -> int:
     return sum(1 for count in Counter(ids).values() if count == 1)
 
 
-def start_runner(root: Path, step: str) -> tuple[subprocess.Popen[bytes], Path]:
+def start_runner(root: Path, step: str, split_bytes: int | None = None) -> tuple[subprocess.Popen[bytes], Path]:
     """The pass's process, in a process group of its own (its Spark JVM and Python workers)."""
     signals = root / "signals"
     signals.mkdir()
     spark_env = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
     env = {k: v for k, v in os.environ.items() if k not in spark_env}
     env["PYTHONPATH"] = f"{REPO / 'src'}:{REPO}"
+    if split_bytes is not None:
+        env["SPLIT_BYTES"] = str(split_bytes)
     command = [sys.executable, "-m", "tests.faults.batch_runner", str(root / "eventspark.yaml"), step, str(signals)]
     output = (root / "runner.log").open("wb")
     process = subprocess.Popen(
@@ -131,15 +137,7 @@ def kill_pass(root: Path, step: str) -> None:
 def test_a_pass_killed_at_each_step_then_rerun_leaves_every_event_once(
     spark: Any, tmp_path: Path, pg_datasource: dict[str, Any], figure: Any, step: str
 ) -> None:
-    destinations = {
-        "dd": duckdb_destination(template=TEMPLATE, **LAYOUT),
-        "pg": {
-            "type": "postgres",
-            "datasource": pg_datasource,
-            "data_layout": {"table_name_template": TEMPLATE, **LAYOUT},
-        },
-    }
-    loaded = make_config(tmp_path, destinations)
+    loaded = make_config(tmp_path, both_destinations(pg_datasource))
     logs = [put_log(tmp_path, log_events(part)) for part in (0, 1)]
     schema = pg_datasource["schema"]
     events = sum(len(log.read_bytes().splitlines()) for log in logs)
@@ -159,19 +157,117 @@ def test_a_pass_killed_at_each_step_then_rerun_leaves_every_event_once(
     result = run_pass(loaded, MemoryCoordination("rerun"), session=spark)
 
     assert result.ok and not any(log.exists() for log in logs)
-    expected_rows = Counter(f"ok-{i}" for i in range(LOADED))
+    once, failed_once = assert_every_event_once(tmp_path, schema)
+    figure(
+        f"killed at {step}: events {events} (each to Postgres and DuckDB), in the warehouse once {once}, "
+        f"failed lines once {failed_once}"
+    )
+
+
+def both_destinations(pg_datasource: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "dd": duckdb_destination(template=TEMPLATE, **LAYOUT),
+        "pg": {
+            "type": "postgres",
+            "datasource": pg_datasource,
+            "data_layout": {"table_name_template": TEMPLATE, **LAYOUT},
+        },
+    }
+
+
+def assert_every_event_once(root: Path, schema: str, before: Counter[str] | None = None) -> tuple[int, int]:
+    """Every loadable event once in both warehouses (besides the rows `before`), every failed
+    event once in each destination's failed log, nothing left parked; (rows once, failed lines once)."""
+    expected_rows = Counter(f"ok-{i}" for i in range(LOADED)) + (before or Counter())
     assert Counter(pg_ids(schema)) == expected_rows
-    assert Counter(duck_ids(tmp_path)) == expected_rows
+    assert Counter(duck_ids(root)) == expected_rows
     assert pg_ids(schema, "only_failures") == []
     for dest_id in DESTINATIONS:
-        written = Counter(line["event_id"] for line in failed_lines(tmp_path, dest_id))
+        written = Counter(line["event_id"] for line in failed_lines(root, dest_id))
         twice = sorted(event_id for event_id, count in written.items() if count > 1)
         assert twice == [], f"{dest_id}: failed lines written more than once: {twice}"
         assert written == expected_failures(), dest_id
-    assert list((tmp_path / "events" / "failed" / "pending").glob("*")) == []
-    once = min(exactly_once(pg_ids(schema)), exactly_once(duck_ids(tmp_path)))
-    failed_once = min(exactly_once([line["event_id"] for line in failed_lines(tmp_path, d)]) for d in DESTINATIONS)
+    assert list((root / "events" / "failed" / "pending").glob("*")) == []
+    once = min(exactly_once(pg_ids(schema)), exactly_once(duck_ids(root)))
+    failed_once = min(exactly_once([line["event_id"] for line in failed_lines(root, d)]) for d in DESTINATIONS)
+    return once, failed_once
+
+
+SMALL_SPLIT_BYTES = 700
+"""Splits of a few events: a log of the test is cut into several (`batch.splits.SPLIT_BYTES`)."""
+WARM_UP = 3
+
+
+def split_markers(schema: str) -> list[str]:
+    """The per-split load markers of table t in Postgres (`<log>@<start>-<end>`)."""
+    with psycopg.connect(pg_conninfo()) as conn:
+        rows = conn.execute(
+            f"SELECT file FROM \"{schema}\"._eventspark_loads WHERE table_name = 't' AND file LIKE '%@%'"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+@pytest.mark.parametrize(
+    ("fault", "rerun_split_bytes"),
+    [
+        ("kill-before-commit:1", SMALL_SPLIT_BYTES),
+        ("kill-after-commit:1", SMALL_SPLIT_BYTES),
+        ("kill-after-commit:1", 1000),
+    ],
+)
+def test_an_executor_killed_around_a_split_commit_then_rerun_leaves_every_event_once(
+    spark: Any,
+    tmp_path: Path,
+    pg_datasource: dict[str, Any],
+    figure: Any,
+    monkeypatch: Any,
+    fault: str,
+    rerun_split_bytes: int,
+) -> None:
+    """The executor writing Postgres splits directly SIGKILLs itself (a) after writing the rows of
+    its first split, before the commit, (b) right after that commit. Local Spark does not retry a
+    lost task: the pass fails. The rerun skips the committed split (its marker), writes the
+    others, and loads every event once (DuckDB beside it, staged, too). A rerun whose split size
+    differs (an upgrade) keeps the committed split's boundaries."""
+    monkeypatch.setattr(splits, "SPLIT_BYTES", SMALL_SPLIT_BYTES)
+    loaded = make_config(tmp_path, both_destinations(pg_datasource))
+    schema = pg_datasource["schema"]
+    # A first pass creates table t with every column: the next one writes it directly.
+    put_log(tmp_path, [event(f"warm-{i}", event_type="t", n=i) for i in range(WARM_UP)])
+    assert run_pass(loaded, MemoryCoordination("warm-up"), session=spark).ok
+    warm = Counter(f"warm-{i}" for i in range(WARM_UP))
+    logs = [put_log(tmp_path, log_events(part)) for part in (0, 1)]
+    events = sum(len(log.read_bytes().splitlines()) for log in logs)
+    assert all(log.stat().st_size > 3 * SMALL_SPLIT_BYTES for log in logs)
+
+    process, _signals = start_runner(tmp_path, f"executor:{fault}", SMALL_SPLIT_BYTES)
+    try:
+        process.wait(RUNNER_TIMEOUT)
+    finally:
+        kill_group(process)
+        process.wait()
+    output = (tmp_path / "runner.log").read_text()
+    assert process.returncode == 1, output[-3000:]  # the pass failed: its Spark job lost a task
+
+    assert all(log.exists() and not status_path(log).exists() for log in logs)
+    written = Counter(pg_ids(schema)) - warm
+    markers = split_markers(schema)
+    if fault.startswith("kill-before-commit"):
+        assert (written, markers) == (Counter(), []), "killed before its commit, yet a split is in Postgres"
+    else:
+        assert len(markers) == 1 and 0 < sum(written.values()) < LOADED, (markers, written)
+        assert max(written.values()) == 1
+    assert Counter(duck_ids(tmp_path)) == warm, "DuckDB is staged: nothing of the failed pass is committed"
+
+    monkeypatch.setattr(splits, "SPLIT_BYTES", rerun_split_bytes)
+    result = run_pass(loaded, MemoryCoordination("rerun"), session=spark)
+
+    assert result.ok and not any(log.exists() for log in logs)
+    once, failed_once = assert_every_event_once(tmp_path, schema, warm)
+    assert len(split_markers(schema)) >= len(markers) + 2, "the rerun wrote its splits directly"
     figure(
-        f"killed at {step}: events {events} (each to Postgres and DuckDB), in the warehouse once {once}, "
+        f"executor {fault}, rerun cutting {rerun_split_bytes} B: events {events} in "
+        f"{len(split_markers(schema))} direct splits, "
+        f"{sum(written.values())} rows committed before the kill; in the warehouse once {once}, "
         f"failed lines once {failed_once}"
     )

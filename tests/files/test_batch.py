@@ -15,11 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import eventspark.batch.job as job_module
+from eventspark.batch import splits as splits_module
 from eventspark.batch.job import JobResult
 from eventspark.batch.load import Fault
 from eventspark.batch.process import run_pass
-from eventspark.batch.splits import plan_splits
 from eventspark.config import LoadedConfig
 from eventspark.coordination import MemoryCoordination
 from eventspark.logs.status import read_status, status_path
@@ -159,7 +158,7 @@ def test_a_rerun_after_a_crash_leaves_one_object_per_log_and_table(
     first = put_log(tmp_path, [*events[:30], EVENTS[4]])
     second = put_log(tmp_path, events[30:])
     # The first pass cuts the logs into small splits: several objects per log and table.
-    monkeypatch.setattr(job_module, "plan_splits", lambda logs, cores: plan_splits(logs, cores, max_bytes=600))
+    monkeypatch.setattr(splits_module, "SPLIT_BYTES", 600)
 
     with pytest.raises(SystemExit):
         run(spark, loaded, fault=_crash_at("pair committed"))  # after the executors wrote every object

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
-from eventspark.batch.partition import SUMMARY_FIELDS, process_splits
+from eventspark.batch.partition import process_splits
 from eventspark.batch.splits import Split
 from eventspark.logs.archive import archive_log
 from eventspark.logs.status import replace_file
@@ -58,9 +57,6 @@ def test_replaced_files_are_synced_with_their_folder(tmp_path: Path, synced: lis
 def test_failed_event_spools_are_synced_before_the_task_reports_them(tmp_path: Path, synced: list[str]) -> None:
     path = tmp_path / "log"
     path.write_bytes(b'{oops\n{"event_type": "a"}\n')
-    rows: list[dict[str, Any]] = [
-        dict(zip(SUMMARY_FIELDS, row, strict=True))
-        for row in process_splits(_plan(tmp_path, RecordingStage(set())), 0, [Split(str(path), 0, 100)])
-    ]
-    (spool,) = [r["spool"] for r in rows if r["spool"]]
+    (result,) = process_splits(_plan(tmp_path, RecordingStage(set())), 0, [Split(str(path), 0, 100)])
+    (spool,) = [count.spool for count in result.counts if count.spool]
     assert spool in synced and orjson.loads(Path(spool).read_bytes())["event"] == "{oops"

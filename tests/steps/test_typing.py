@@ -17,6 +17,7 @@ from eventspark.steps.typing import (
     format_timestamp,
     header_for,
     infer_type,
+    is_timestamp,
     parse_generic_type,
     parse_timestamp,
     promote,
@@ -142,6 +143,32 @@ def test_parse_timestamp_accepts_rfc3339_and_returns_utc(text: str) -> None:
 )
 def test_parse_timestamp_rejects_non_rfc3339(text: str) -> None:
     assert parse_timestamp(text) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2020-08-07T14:43:14Z",
+        "2020-08-07T14:43:14.123456789-03:00",
+        "2020-08-07",
+        "2020-08-07T14:43:14.Z",
+        "2020-02-30T00:00:00Z",
+        "0000-01-01T00:00:00Z",
+        "0001-01-01T00:00:00+01:00",  # before year 1 in UTC
+        "0001-01-01T00:00:00-01:00",
+        "9999-12-31T23:00:00-01:00",  # after year 9999 in UTC
+        "9999-12-31T23:00:00+01:00",
+        "2020-W32-5T14:43:14Z",  # ISO week dates: fromisoformat takes them, RFC 3339 does not
+        "２０２０-08-07T14:43:14Z",
+    ],
+)
+def test_is_timestamp_is_parse_timestamp_without_the_datetime(text: str) -> None:
+    assert is_timestamp(text) is (parse_timestamp(text) is not None)
+
+
+@given(st.one_of(st.text(), st.datetimes(timezones=st.timezones()).map(lambda moment: moment.isoformat())))
+def test_is_timestamp_agrees_with_parse_timestamp(text: str) -> None:
+    assert is_timestamp(text) is (parse_timestamp(text) is not None)
 
 
 @given(aware_datetimes)

@@ -285,7 +285,7 @@ def test_a_spark_task_sends_its_events_in_batches_keeps_their_order_and_skips_do
     from eventspark.batch.splits import Split
     from eventspark.destinations.base import ORDER_COLUMN
     from eventspark.destinations.duckdb.configuration import DuckDBDestination
-    from tests.batch.test_partition import SUMMARY_FIELDS, RecordingJsonStage, _plan
+    from tests.batch.test_partition import RecordingJsonStage, _plan
 
     stage = RecordingJsonStage(refuse=set())
     plan = _plan(tmp_path, stage)
@@ -302,12 +302,9 @@ def test_a_spark_task_sends_its_events_in_batches_keeps_their_order_and_skips_do
     path = tmp_path / "log"
     path.write_bytes(b"".join(orjson.dumps({"event_type": "x", "id": n}) + b"\n" for n in range(1200)))
     calls = count_exchanges(monkeypatch)
-    summary = [
-        dict(zip(SUMMARY_FIELDS, row, strict=True))
-        for row in process_splits(plan, 3, [Split(str(path), 0, path.stat().st_size)])
-    ]
+    (result,) = process_splits(plan, 3, [Split(str(path), 0, path.stat().st_size)])
     assert calls[0] < 30, calls  # a few sampled events alone, then batches: not 1200 round trips
-    counts = {r["tbl"]: (r["rows"], r["failed"]) for r in summary if r["kind"] == "count"}
+    counts = {c.table: (c.rows, c.failed) for c in result.counts}
     assert counts == {"": (0, 1), "b": (1199, 0)}  # nothing for `a` again; the throwing event failed
     rows = [dict(zip(columns, row, strict=True)) for columns, chunk in stage.written for row in chunk]
     assert {row["event_type"] for row in rows} == {"b"} and len(rows) == 1199

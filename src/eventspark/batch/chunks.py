@@ -37,8 +37,8 @@ from eventspark.steps.typing import (
     coerce,
     format_timestamp,
     infer_type,
+    is_timestamp,
     parse_generic_type,
-    parse_timestamp,
     promote,
 )
 
@@ -56,7 +56,7 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class _TimestampText:
-    """The kind of a TIMESTAMP column's values: str, but only those `parse_timestamp` accepts."""
+    """The kind of a TIMESTAMP column's values: str, but only those `is_timestamp` accepts."""
 
 
 # A value of this Python type leaves a column of this type as it is (TIMESTAMP: a str that parses).
@@ -72,7 +72,7 @@ _SAME_KIND: dict[DataType | None, type] = {
 def to_stage(value: Any, stage: DataType) -> Any:
     """`value` as the stage stores a `stage` column; ValueError when it does not fit."""
     if stage is DataType.TIMESTAMP:
-        if type(value) is str and parse_timestamp(value) is not None:
+        if type(value) is str and is_timestamp(value):
             return value
         return format_timestamp(coerce(value, DataType.TIMESTAMP))  # type: ignore[arg-type]
     return coerce(value, stage)
@@ -82,6 +82,7 @@ class ChunkBuffer:
     """Accepts rows for one table; `take` hands them over as a chunk with its column types."""
 
     __slots__ = (
+        "columns",
         "count",
         "existing",
         "fixed_types",
@@ -93,6 +94,7 @@ class ChunkBuffer:
         "recode",
         "rows",
         "seqs",
+        "short_rows",
         "sql_types",
         "table",
         "types",
@@ -108,7 +110,13 @@ class ChunkBuffer:
         self.table = table
         self.existing: Mapping[str, DataType | None] = existing or {}
         self.primary_keys = primary_keys
-        self.rows: list[dict[str, Any]] = []  # without json_lines
+        # Without json_lines: each row as a list of its values in column order (`columns`, the
+        # order of `types`), made the moment the row is taken, while its values are in the CPU
+        # cache; the dict is then freed, and the next event reuses its memory. Rows taken before
+        # the last new column are shorter: the first `short_rows` rows, padded at `take`.
+        self.rows: list[list[Any]] = []
+        self.columns: list[str] = []
+        self.short_rows = 0
         self.seqs: list[int] = []
         self.count = 0
         self.types: dict[str, DataType] = {}
@@ -135,21 +143,30 @@ class ChunkBuffer:
                 return f"primary key field {key!r} is missing"
         if ORDER_COLUMN in values:
             return f"field {ORDER_COLUMN!r} is reserved for eventspark's own use: rename it with a mapping"
-        expected = self.kinds.get
+        kinds = self.kinds
         for name, value in values.items():
             # Fast path, most values: the column's type is known in this chunk and the value is
-            # already of its stage kind, so nothing changes.
+            # already of its stage kind, so nothing changes. Subscript and KeyError rather than
+            # .get: a column new to the chunk is rare, and the path for it is slow anyway.
             kind = type(value)
-            expect = expected(name)
-            if kind is expect and (kind is not int or _INT64_MIN <= value <= _INT64_MAX):
-                continue
-            if expect is _TimestampText and kind is str and parse_timestamp(value) is not None:
+            try:
+                expect = kinds[name]
+            except KeyError:
+                expect = None
+            if kind is expect:
+                if kind is not int or _INT64_MIN <= value <= _INT64_MAX:
+                    continue
+            elif expect is _TimestampText and kind is str and is_timestamp(value):
                 continue
             error = self._add_value(values, name, value, casts)
             if error is not None:
                 return error
         if self.lines is None:
-            self.rows.append(values)
+            columns = self.columns
+            if len(columns) != len(self.types):  # a new column: `types` only grows until `take`
+                columns = self.columns = list(self.types)
+                self.short_rows = len(self.rows)
+            self.rows.append(list(map(values.get, columns)))
             self.seqs.append(seq)
         else:
             if self.primary_keys:
@@ -245,7 +262,11 @@ class ChunkBuffer:
     def take(self, ordered: bool = False) -> tuple[dict[str, DataType], list[list[Any]], BatchHeader]:
         """The buffered rows as lists in column order, their stage types and header; then empty."""
         columns = list(self.types)
-        rows = [list(map(row.get, columns)) for row in self.rows]
+        rows = self.rows
+        width = len(columns)
+        for index in range(self.short_rows):
+            row = rows[index]
+            row.extend([None] * (width - len(row)))
         for index, name in enumerate(columns):
             if name in self.mixed:
                 _convert_column(rows, index, self.types[name])
@@ -280,6 +301,7 @@ class ChunkBuffer:
         fields = {name: Field(t, self.sql_types.get(name)) for name, t in self.types.items()}
         header = BatchHeader(self.table, fields)
         self.rows, self.seqs, self.types, self.kinds, self.mixed, self.recode = [], [], {}, {}, set(), set()
+        self.columns, self.short_rows = [], 0
         self.count = 0
         if self.lines is not None:
             self.lines = bytearray()

@@ -2,17 +2,22 @@
 
 Driver steps, in order:
 1. drop empty logs; read each log's status file and the destinations' load markers (a marker means
-   the pair was committed even if the status file never heard of it: a crash came in between);
+   the pair was committed even if the status file never heard of it: a crash came in between),
+   per log and, for direct writes, per split: the logs are cut into splits before the job
+   (`plan_splits`, keeping the boundaries of splits with markers);
 2. read the destinations' tables, so executors check values against the existing column types;
-3. run the job: executors multiplex lines to destinations, run the step chain, stage rows and
-   spool failed events; the driver collects only counts, chunk references and BatchHeaders;
-4. per destination/table pair: merge the headers, patch the table and commit the chunks
-   (`batch.load`); a pair that fails is recorded FAILED with its attempts, and retried by the first
-   pass after its back-off (`eventspark.retry`; before it, that pair of the log is not read, and a
-   log with nothing due is not read at all); past the policy's maximum age its events go to
-   `failed/` with the reason instead (the pair *gave up*);
+   the whole plan is made at once (`_plan`);
+3. run the job: executors multiplex lines to destinations, run the step chain, write each split
+   of an existing table whose values fit straight into it with its split markers (direct writes,
+   `Capabilities.direct_writes`), stage the other rows and spool failed events; the driver
+   collects only counts, chunk references and BatchHeaders (`batch.results`);
+4. per destination/table pair: a pair written directly only is done; else merge the headers,
+   patch the table and commit the chunks (`batch.load`); a pair that fails is recorded FAILED with
+   its attempts, and retried by the first pass after its back-off (`eventspark.retry`; before it,
+   that pair of the log is not read, and a log with nothing due is not read at all); past the
+   policy's maximum age its events go to `failed/` with the reason instead (the pair *gave up*);
 5. append the failed events of settled pairs to `failed/`, each line exactly once across crashes
-   (parked before the commits, appended under a journal: see `logs.failed`), write the status
+   (parked before the commits, appended under a journal: `batch.failed_events`), write the status
    files, archive the logs whose every pair is settled.
 """
 
@@ -28,28 +33,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from eventspark.batch.failed_events import FailedEvents
 from eventspark.batch.load import Deferred, Fault, PairLoad, commit_objects, load_pair
-from eventspark.batch.partition import NO_TABLE, SUMMARY_FIELDS, process_splits
+from eventspark.batch.partition import NO_TABLE, process_splits
 from eventspark.batch.plan import DEFAULT_CHUNK_ROWS, JobPlan, token_routes
-from eventspark.batch.splits import Split, plan_splits
+from eventspark.batch.results import TaskResult
+from eventspark.batch.splits import Split, plan_splits, split_range
 from eventspark.config import LoadedConfig
 from eventspark.coordination import Coordination
 from eventspark.destinations import build_destination
-from eventspark.destinations.base import DestinationAdapter, DestinationError, StagedChunk, new_job_id
-from eventspark.logs.archive import archive_log
-from eventspark.logs.failed import (
-    PENDING_DIR,
-    ParkedSpools,
-    append_groups,
-    appending,
-    finish_appends,
-    park_spools,
-    parked_spools,
-    recover_journal,
-    settle_recovered,
+from eventspark.destinations.base import (
+    DestinationAdapter,
+    DestinationError,
+    DirectTarget,
+    ObjectTarget,
+    StageTarget,
+    new_job_id,
 )
+from eventspark.logs.archive import archive_log
 from eventspark.logs.replay import replay_destination
 from eventspark.logs.rotated import rotated_token
 from eventspark.logs.status import (
@@ -68,11 +69,14 @@ from eventspark.recognition.state import done_sightings, keep_sightings
 from eventspark.retry import RetryPolicy, due, give_up_reason, retry_policy
 from eventspark.steps.diff import UnmappedRule
 from eventspark.steps.recognition import Sightings
-from eventspark.steps.typing import BatchHeader
+from eventspark.steps.typing import BatchHeader, DataType
 
 log = logging.getLogger(__name__)
 
 STALE_STAGE_SECONDS = 24 * 3600
+
+_Key = tuple[str, str]
+"""(log name, destination id)."""
 
 
 @dataclass(slots=True)
@@ -140,14 +144,39 @@ class _Schedule:
 
 @dataclass(slots=True)
 class _Collected:
-    """The summary rows of every task, folded."""
+    """The results of every task (`TaskResult`), folded."""
 
     counts: dict[tuple[str, str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))
     spools: dict[tuple[str, str, str], list[Path]] = field(default_factory=lambda: defaultdict(list))
     pairs: dict[tuple[str, str], PairLoad] = field(default_factory=dict)
+    """Per (destination, table): its staged chunks with their merged header, the rows written
+    directly (`PairLoad.direct_rows`), the logs of its rows, and the first error of a task."""
     samples: list[str] = field(default_factory=list)
     sightings: dict[str, Sightings] = field(default_factory=dict)
     """Users recognition: per destination, the ids the tasks saw (`steps.recognition`)."""
+
+
+@dataclass(slots=True)
+class _Reached:
+    """One destination's part of the job plan (`BatchJob._prepare_destination`). Without a stage
+    or objects target: a destination this pass cannot reach, whose logs give up (routed, never
+    staged)."""
+
+    dest: Any
+    stage: StageTarget | None = None
+    objects: ObjectTarget | None = None
+    direct: DirectTarget | None = None
+    existing: dict[str, dict[str, DataType | None]] = field(default_factory=dict)
+    sql_types: dict[str, dict[str, str]] = field(default_factory=dict)
+    """The tables direct writes may take (no primary key in the warehouse): column → SQL type."""
+    primary_keys: tuple[str, ...] = ()
+    recognition: tuple[str, tuple[str, ...]] | None = None
+    split_markers: set[tuple[str, str]] = field(default_factory=set)
+    """(split key, table) of the per-split load markers of the job's logs (`loaded_splits`)."""
+
+    @property
+    def connected(self) -> bool:
+        return self.stage is not None or self.objects is not None
 
 
 class BatchJob:
@@ -245,7 +274,8 @@ class BatchJob:
         # written this pass (decided before load markers repair the statuses after a crash).
         seen = {(name, d) for name, status in statuses.items() for d in status if processed(status, d)}
         dest_errors: dict[str, str] = {}
-        plan = self._plan(job_id, logs, statuses, schedule, adapters, dest_errors, only)
+        failed_events = FailedEvents(self.events_dir, self.fault)
+        plan = self._plan(job_id, logs, statuses, schedule, adapters, dest_errors, failed_events, only)
         fresh = {(name, d) for name in plan.file_tokens for d in plan.destinations if (name, d) not in plan.skip}
         fresh -= seen
         started = time.monotonic()
@@ -253,7 +283,7 @@ class BatchJob:
         executed = time.monotonic()
         # Users recognition's ids outlive a crash between the commits and its run (`recognition.state`).
         keep_sightings(self.events_dir, collected.sightings, set(plan.recognition))
-        parked = self._park_failed(collected, fresh)
+        failed_events.park(collected.spools, fresh)
         outcomes = self._load(collected, adapters, result)
         self._recognize(collected, adapters)
         result.samples += settle_samples(collected.samples, outcomes)
@@ -266,7 +296,7 @@ class BatchJob:
         )
         if self.fault is not None:
             self.fault("committed")
-        self._settle(logs, statuses, schedule, fresh, plan, collected, outcomes, dest_errors, parked, result)
+        self._settle(logs, statuses, schedule, fresh, plan, collected, outcomes, dest_errors, failed_events, result)
         return result
 
     def _recognize(self, collected: _Collected, adapters: dict[str, DestinationAdapter]) -> None:
@@ -339,33 +369,10 @@ class BatchJob:
         return read
 
     def recover_failed(self) -> None:
-        """What a pass cut short may have appended to the failed logs is undone (`logs.failed`)
-        before this pass appends anything; its parked groups that the status files show settled are
-        appended (the others wait for a pass that reads their destination's load markers). Also
-        run by a pass with no log to read (`batch.process.run_pass`): no Spark, no connection."""
-        failed_dir = self.events_dir / "failed"
-        if not (failed_dir / PENDING_DIR).is_dir():
-            return  # nothing parked, no journal: the usual case
-        batch = self._batch_destinations()
-        for dest_id in batch:
-            if recover_journal(failed_dir, dest_id):
-                log.info("destination %s: the failed-log appends of a pass cut short were undone", dest_id)
-        parked = _parked_by_destination(failed_dir)
-        for dest_id in batch:
-            if parked[dest_id]:
-                settle_recovered(failed_dir, dest_id, parked[dest_id], lambda g: True if self._settled(g) else None)
-
-    def _settled(self, group: ParkedSpools) -> bool:
-        """Whether the status files show the pair of a parked group settled (a log gone from
-        incoming/ was archived: settled)."""
-        path = self.events_dir / "incoming" / group.log
-        if not path.exists():
-            return True
-        status = read_status(path)
-        if group.table == NO_TABLE:
-            return processed(status, group.dest_id)
-        pair = status.get(group.dest_id, {}).get(group.table)
-        return pair is not None and pair.settled
+        """What a pass cut short left in `failed/` is recovered before this pass appends anything
+        (`FailedEvents.recover`). Also run by a pass with no log to read (`batch.process.run_pass`):
+        no Spark, no connection."""
+        FailedEvents(self.events_dir, self.fault).recover(list(self._batch_destinations()))
 
     def _plan(
         self,
@@ -375,140 +382,182 @@ class BatchJob:
         schedule: _Schedule,
         adapters: dict[str, DestinationAdapter],
         dest_errors: dict[str, str],
+        failed_events: FailedEvents,
         only: str | None = None,
     ) -> JobPlan:
-        """`only`: the destination of a job over replay logs (every line goes there)."""
+        """The job's whole plan, made at once when the destinations are reached and the logs cut
+        into splits (per-split load markers keep their boundaries). `only`: the destination of a
+        job over replay logs (every line goes there)."""
         names = [p.name for p in logs]
-        plan = JobPlan(job_id, str(self.events_dir / "staging"), {}, {}, {}, (), {}, {})
-        plan.replay_destination = only
-        plan.geo_path = self.config.geo.maxmind_path
-        plan.max_columns = self.config.server.max_columns
-        plan.chunk_rows = self.chunk_rows
-        plan.pass_bytes = sum(p.stat().st_size for p in logs)
-        parked = _parked_by_destination(self.events_dir / "failed")
+        pass_bytes = sum(p.stat().st_size for p in logs)
+        reached = self._reach(job_id, pass_bytes, names, statuses, schedule, adapters, dest_errors, failed_events, only)
+        splits = plan_splits(logs, _known_splits(reached))
+        destinations = {dest_id: part.dest for dest_id, part in reached.items()}
+        secrets, token_destinations, default = token_routes(self.config.api_keys, destinations)
+        if only is not None:  # whatever token a replayed event came with
+            secrets, token_destinations, default = {}, {}, (only,)
+        done, skip, give_up = self._plan_pairs(reached, names, statuses, schedule)
+        staged = {dest_id: part for dest_id, part in reached.items() if part.stage is not None}
+        direct = {dest_id: part for dest_id, part in staged.items() if part.direct is not None}
+        return JobPlan(
+            job_id=job_id,
+            staging_dir=str(self.events_dir / "staging"),
+            destinations=destinations,
+            secret_tokens=secrets,
+            token_destinations=token_destinations,
+            default_destinations=default,
+            file_tokens={name: rotated_token(name) or "" for name in names},
+            file_ranks={name: rank for rank, name in enumerate(sorted(names))},
+            done=done,
+            skip=skip,
+            give_up=give_up,
+            existing={dest_id: part.existing for dest_id, part in staged.items()},
+            primary_keys={dest_id: part.primary_keys for dest_id, part in staged.items()},
+            stages={dest_id: part.stage for dest_id, part in staged.items() if part.stage is not None},
+            objects={dest_id: part.objects for dest_id, part in reached.items() if part.objects is not None},
+            direct={dest_id: part.direct for dest_id, part in direct.items() if part.direct is not None},
+            sql_types={dest_id: part.sql_types for dest_id, part in direct.items()},
+            split_done=_split_done(reached, splits),
+            geo_path=self.config.geo.maxmind_path,
+            max_columns=self.config.server.max_columns,
+            chunk_rows=self.chunk_rows,
+            pass_bytes=pass_bytes,
+            replay_destination=only,
+            recognition={dest_id: part.recognition for dest_id, part in staged.items() if part.recognition},
+            splits=splits,
+        )
+
+    def _reach(
+        self,
+        job_id: str,
+        pass_bytes: int,
+        names: list[str],
+        statuses: dict[str, LogStatus],
+        schedule: _Schedule,
+        adapters: dict[str, DestinationAdapter],
+        dest_errors: dict[str, str],
+        failed_events: FailedEvents,
+        only: str | None,
+    ) -> dict[str, _Reached]:
+        """The batch destinations the job loads (some pair due; only `only` when set), in config
+        order: each connected and prepared, or, when it cannot be reached, routed without a
+        connection if its logs give up (`_unreachable`), else left out (its `dest_errors`)."""
+        reached: dict[str, _Reached] = {}
         for dest_id, dest in self.config.destinations.items():
             wanted = schedule.wanted(dest_id)
             if dest.mode != "batch" or (only is not None and dest_id != only) or not wanted:
                 continue  # nothing due: not even connected
             try:
                 adapter = adapters[dest_id] = build_destination(dest_id, dest, self.events_dir)
-                self._prepare_destination(plan, dest_id, dest, adapter, names, statuses, parked[dest_id])
+                reached[dest_id] = self._prepare_destination(
+                    job_id, pass_bytes, dest_id, dest, adapter, names, statuses, failed_events
+                )
             except DestinationError as exc:
                 log.warning("destination %s is skipped this pass: %s", dest_id, exc)
                 dest_errors[dest_id] = str(exc)
-                plan.stages.pop(dest_id, None)
-                plan.objects.pop(dest_id, None)
-                plan.destinations.pop(dest_id, None)
-                self._unreachable(plan, dest_id, dest, wanted, schedule, parked[dest_id])
-        routes = token_routes(self.config.api_keys, plan.destinations)
-        plan.secret_tokens, plan.token_destinations, plan.default_destinations = routes
-        if only is not None:  # whatever token a replayed event came with
-            plan.secret_tokens, plan.token_destinations, plan.default_destinations = {}, {}, (only,)
-        plan.file_tokens = {name: rotated_token(name) or "" for name in names}
-        plan.file_ranks = {name: rank for rank, name in enumerate(sorted(names))}
-        self._plan_pairs(plan, names, statuses, schedule)
-        return plan
+                if self._unreachable(dest_id, wanted, schedule, failed_events):
+                    reached[dest_id] = _Reached(dest)  # routed, chained, never staged
+        return reached
 
     def _unreachable(
         self,
-        plan: JobPlan,
         dest_id: str,
-        dest: Any,
         wanted: list[str],
         schedule: _Schedule,
-        parked: list[ParkedSpools],
-    ) -> None:
+        failed_events: FailedEvents,
+    ) -> bool:
         """A destination this pass cannot reach: the logs whose retries of it are over give up
-        (the executors need no connection to send events to failed/); the others wait."""
+        (the executors need no connection to send events to failed/: True, the job routes to it);
+        the others wait."""
         giving_up = {name for name in wanted if (name, dest_id) in schedule.whole}
         routed = [name for name in wanted if (name, dest_id) not in schedule.optional]
         schedule.unreached.update((name, dest_id) for name in routed if name not in giving_up)
         if not giving_up:
-            return  # its parked groups wait for a pass that can read its load markers
-        plan.destinations[dest_id] = dest  # routed, chained, never staged
+            return False  # its parked groups wait for a pass that can read its load markers
+        failed_events.settle_unreachable(dest_id, giving_up)
+        return True
 
-        def settled(group: ParkedSpools) -> bool | None:
-            # No load markers to read: the status files decide. A failed pair of a log that gives
-            # up now is dropped: its events go to failed/ again, with the give-up reason.
-            if self._settled(group):
-                return True
-            return False if group.log in giving_up else None
-
-        settle_recovered(self.events_dir / "failed", dest_id, parked, settled)
-
-    def _plan_pairs(self, plan: JobPlan, names: list[str], statuses: dict[str, LogStatus], schedule: _Schedule) -> None:
-        """`plan.skip`, `plan.done` and `plan.give_up` of every (log, destination) of the job."""
-        connected = set(plan.stages) | set(plan.objects)
+    def _plan_pairs(
+        self, reached: dict[str, _Reached], names: list[str], statuses: dict[str, LogStatus], schedule: _Schedule
+    ) -> tuple[dict[_Key, frozenset[str]], frozenset[_Key], dict[_Key, dict[str, str]]]:
+        """`JobPlan.done`, `.skip` and `.give_up` of every (log, destination) of the job."""
+        done: dict[_Key, frozenset[str]] = {}
+        give_up: dict[_Key, dict[str, str]] = {}
         skip = set()
         for name in names:
-            for dest_id in plan.destinations:
+            for dest_id, part in reached.items():
                 key = (name, dest_id)
-                reached = dest_id in connected or key in schedule.whole
-                if key not in schedule.work or key in schedule.unreached or not reached:
+                reached_now = part.connected or key in schedule.whole
+                if key not in schedule.work or key in schedule.unreached or not reached_now:
                     skip.add(key)
                     continue
                 tables = statuses[name].get(dest_id, {})
                 settled = {table for table, pair in tables.items() if pair.settled}
-                if dest_id in connected:
-                    plan.done[key] = frozenset(settled | schedule.waiting.get(key, set()))
+                if part.connected:
+                    done[key] = frozenset(settled | schedule.waiting.get(key, set()))
                     reasons = {t: why for t, why in schedule.give_up.get(key, {}).items() if t not in settled}
                 else:  # unreachable for longer than the maximum age: every failed table gives up
-                    plan.done[key] = frozenset(settled)
+                    done[key] = frozenset(settled)
                     reasons = schedule.whole[key]
                 if reasons:
-                    plan.give_up[key] = reasons
-        plan.skip = frozenset(skip)
+                    give_up[key] = reasons
+        return done, frozenset(skip), give_up
 
     def _prepare_destination(
         self,
-        plan: JobPlan,
+        job_id: str,
+        pass_bytes: int,
         dest_id: str,
         dest: Any,
         adapter: DestinationAdapter,
         names: list[str],
         statuses: dict[str, LogStatus],
-        parked: list[ParkedSpools],
-    ) -> None:
+        failed_events: FailedEvents,
+    ) -> _Reached:
         # What a killed pass left behind; a day is far longer than any pass.
         adapter.drop_stale_stages(time.time() - STALE_STAGE_SECONDS)
-        self._recover_parked(adapter, dest_id, parked)
+        failed_events.recover_parked(adapter, dest_id)
         if adapter.capabilities.stage == "objects":
             # The files family: no tables to read, no load markers. Executors write one object per
             # log (split) and table, named after the log, so a rerun overwrites what a killed pass
             # wrote; the status files alone record which pairs are done.
-            plan.objects[dest_id] = adapter.stage_target(plan.job_id, plan.pass_bytes)  # type: ignore[assignment]
-            plan.destinations[dest_id] = dest
-            return
+            return _Reached(dest, objects=adapter.stage_target(job_id, pass_bytes))  # type: ignore[arg-type]
         # Markers first: a pair committed before a crash is uploaded, whatever the status file says.
         for name, table in adapter.loaded_files(dest_id, names):
             statuses[name].setdefault(dest_id, {})[table] = PairStatus(True)
         tables = adapter.read_tables()
-        plan.existing[dest_id] = {
+        keys = tuple(dest.data_layout.primary_key_fields)
+        part = _Reached(dest, stage=adapter.stage_target(job_id, pass_bytes), primary_keys=keys)
+        self._staged.add(dest_id)
+        part.existing = {
             name: {column: adapter.data_type_of(sql_type) for column, sql_type in table.columns.items()}
             for name, table in tables.items()
         }
-        plan.stages[dest_id] = adapter.stage_target(plan.job_id, plan.pass_bytes)
-        self._staged.add(dest_id)
-        plan.primary_keys[dest_id] = tuple(dest.data_layout.primary_key_fields)
-        plan.destinations[dest_id] = dest
+        if adapter.capabilities.direct_writes:
+            # Splits a direct write committed before a crash: not written again, whatever the config says now.
+            part.split_markers = adapter.loaded_splits(dest_id, names)
+            if not keys:  # keyed rows stay staged: the commit orders upserts across splits
+                part.direct = adapter.direct_target(job_id)
+                part.sql_types = {name: dict(t.columns) for name, t in tables.items() if not t.primary_keys}
         section = recognition_of(self.config, dest)
         if section is not None:
-            plan.recognition[dest_id] = (section.anonymous_id_node, tuple(section.nodes()))
+            part.recognition = (section.anonymous_id_node, tuple(section.nodes()))
+        return part
 
     # --- the job ------------------------------------------------------------------------------
 
     def _execute(self, session: Any, logs: list[Path], plan: JobPlan) -> _Collected:
         context = session.sparkContext
-        splits = plan_splits(logs, context.defaultParallelism)
+        splits = plan.splits or plan_splits(logs)
 
-        def task(index: int, mine: Iterator[Split]) -> list[tuple[Any, ...]]:
+        def task(index: int, mine: Iterator[Split]) -> list[TaskResult]:
             return process_splits(plan, index, mine)
 
-        # One split per task; only the summary rows come back to the driver.
-        rows = context.parallelize(splits, len(splits)).mapPartitionsWithIndex(task).collect()
+        # One split per task; only each task's TaskResult comes back to the driver.
+        results = context.parallelize(splits, len(splits)).mapPartitionsWithIndex(task).collect()
         collected = _Collected()
-        for row in rows:
-            _fold(collected, dict(zip(SUMMARY_FIELDS, row, strict=True)))
+        for result in results:
+            _fold(collected, result)
         return collected
 
     # --- after the job ------------------------------------------------------------------------
@@ -528,6 +577,10 @@ class BatchJob:
                 error = pair.error
             elif adapter.capabilities.stage == "objects":
                 error = commit_objects(adapter, pair)
+            elif not pair.chunks:
+                # Every row went straight into the table (committed with its split markers), or its
+                # splits were written by an earlier pass: nothing to patch or commit.
+                error = ""
             else:
                 unmapped = UnmappedRule.of(dest.data_layout, max_columns)
                 error = load_pair(adapter, self.coordination, pair, keys, max_columns, self.fault, unmapped)
@@ -536,31 +589,6 @@ class BatchJob:
             if self.fault is not None:
                 self.fault("pair committed")
         return outcomes
-
-    def _park_failed(self, collected: _Collected, fresh: set[tuple[str, str]]) -> list[ParkedSpools]:
-        """Parks the failed events the pass may append, before any commit (`logs.failed`): those of
-        every table, and the template failures and unreadable lines of the (log, destination)
-        pairs processed for the first time (`fresh`: they are written once per log and destination)."""
-        parked = []
-        failed_dir = self.events_dir / "failed"
-        for (name, dest_id, table), spools in sorted(collected.spools.items()):
-            if table != NO_TABLE or (name, dest_id) in fresh:
-                parked.append(park_spools(failed_dir, name, dest_id, table, spools))
-        collected.spools = {}  # the others stay in the job's staging folder, removed with it
-        return parked
-
-    def _recover_parked(self, adapter: DestinationAdapter, dest_id: str, groups: list[ParkedSpools]) -> None:
-        """Failed events a crashed pass parked: appended when their pair is settled (its load marker,
-        or its log's status file), else dropped (the retry spools them again)."""
-        if not groups:
-            return
-        committed = adapter.loaded_files(dest_id, sorted({group.log for group in groups}))
-
-        def settled(group: ParkedSpools) -> bool:
-            return (group.log, group.table) in committed or self._settled(group)
-
-        done, dropped = settle_recovered(self.events_dir / "failed", dest_id, groups, settled)
-        log.info("destination %s: parked failed-event groups: %d appended, %d dropped", dest_id, done, dropped)
 
     def _settle(
         self,
@@ -572,7 +600,7 @@ class BatchJob:
         collected: _Collected,
         outcomes: dict[tuple[str, str], str],
         dest_errors: dict[str, str],
-        parked: list[ParkedSpools],
+        failed_events: FailedEvents,
         result: JobResult,
     ) -> None:
         now = schedule.now
@@ -594,7 +622,7 @@ class BatchJob:
                     updates[name].setdefault(dest_id, {})
         self._record_give_ups(plan, statuses, collected, updates, result)
         self._record_destination_errors(statuses, schedule, dest_errors, updates, result)
-        merged = self._write_outcomes(logs, statuses, updates, plan, parked)
+        merged = self._write_outcomes(logs, statuses, updates, plan, failed_events)
         for dest_id, events in sorted(result.gave_up.items()):  # as loud as the stream worker's give-up
             log.error(
                 "batch %s: %d event(s) failed for longer than the retry policy's max age; in failed/ (replay them)",
@@ -613,22 +641,16 @@ class BatchJob:
         statuses: dict[str, LogStatus],
         updates: dict[str, LogStatus],
         plan: JobPlan,
-        parked: list[ParkedSpools],
+        failed_events: FailedEvents,
     ) -> dict[Path, LogStatus]:
-        """Appends the failed lines and writes the status files (`logs.failed`, steps 2 to 4),
-        under the append lock: a replay moving a failed log away waits; returns the statuses."""
-        failed_dir = self.events_dir / "failed"
-        settled = self._settled_groups(parked, updates)
-        with appending(failed_dir) if settled else contextlib.nullcontext():
-            journals, appended = self._append_failed(settled)
-            if self.fault is not None:
-                self.fault("failed appended")
+        """Writes the status files while the failed lines of the pairs they settle are appended
+        (`FailedEvents.append_settled`); returns the statuses."""
+        with failed_events.append_settled(updates):
             merged = {
                 path: self._write_status(path, statuses[path.name], updates.get(path.name, {}), plan) for path in logs
             }
             if self.fault is not None:
                 self.fault("statuses written")
-            finish_appends(failed_dir, journals, appended)
         return merged
 
     def _record_give_ups(
@@ -678,30 +700,6 @@ class BatchJob:
         for dest_id, error in dest_errors.items():
             result.pair(dest_id, NO_TABLE).error = error
 
-    def _settled_groups(
-        self, parked: list[ParkedSpools], updates: dict[str, LogStatus]
-    ) -> dict[str, list[ParkedSpools]]:
-        """The parked groups whose pair is settled by this pass, by destination (the others stay
-        parked until a pass reads their load markers: `_recover_parked`)."""
-        by_dest: dict[str, list[ParkedSpools]] = defaultdict(list)
-        for group in parked:
-            if group.table != NO_TABLE:  # template failures: parked only when written this pass
-                pair = updates.get(group.log, {}).get(group.dest_id, {}).get(group.table)
-                if pair is None or not pair.settled:
-                    continue
-            by_dest[group.dest_id].append(group)
-        return by_dest
-
-    def _append_failed(self, by_dest: dict[str, list[ParkedSpools]]) -> tuple[list[Path | None], list[ParkedSpools]]:
-        """Appends the groups under journals (the caller holds the append lock); returns the
-        journals and the groups appended."""
-        journals: list[Path | None] = []
-        appended: list[ParkedSpools] = []
-        for dest_id, groups in sorted(by_dest.items()):
-            journals.append(append_groups(self.events_dir / "failed", dest_id, groups, self.fault))
-            appended += groups
-        return journals, appended
-
     def _write_status(self, path: Path, old: LogStatus, update: LogStatus, plan: JobPlan) -> LogStatus:
         """Writes the log's status with this pass's outcomes and the retries' times; returns it."""
         merged = merge_status(old, update)
@@ -735,32 +733,30 @@ class BatchJob:
             adapter.close()
 
 
-def _fold(collected: _Collected, row: Any) -> None:
-    kind, file, dest_id, table = row["kind"], row["file"], row["dest"], row["tbl"]
-    if kind == "sample":
-        collected.samples.append(row["payload"])
-        return
-    if kind == "recognition":
-        seen = Sightings.from_dict(orjson.loads(row["payload"]))
+def _fold(collected: _Collected, result: TaskResult) -> None:
+    for count in result.counts:
+        key = (count.file, count.dest_id, count.table)
+        counts = collected.counts[key]
+        counts[0] += count.rows
+        counts[1] += count.failed
+        counts[2] += count.skipped
+        if count.spool:
+            collected.spools[key].append(Path(count.spool))
+        if count.rows and count.table != NO_TABLE:
+            _pair(collected, count.dest_id, count.table).files.add(count.file)
+    for (dest_id, table), error in result.errors.items():
+        pair = _pair(collected, dest_id, table)
+        pair.error = pair.error or error
+    for staged in result.staged:
+        pair = _pair(collected, staged.dest_id, staged.table)
+        pair.chunks.append(staged.chunk)
+        pair.header.merge(staged.header)
+    for direct in result.direct:
+        for table, rows in direct.rows.items():
+            _pair(collected, direct.dest_id, table).direct_rows += rows
+    collected.samples += [sample for _file, _dest_id, sample in result.samples]
+    for dest_id, seen in result.sightings.items():
         collected.sightings.setdefault(dest_id, Sightings()).merge(seen)
-        return
-    if kind == "count":
-        counts = collected.counts[file, dest_id, table]
-        counts[0] += row["rows"]
-        counts[1] += row["failed"]
-        counts[2] += row["skipped"]
-        if row["spool"]:
-            collected.spools[file, dest_id, table].append(Path(row["spool"]))
-        if row["rows"] and table != NO_TABLE:
-            _pair(collected, dest_id, table).files.add(file)
-        return
-    pair = _pair(collected, dest_id, table)
-    if kind == "error":
-        pair.error = pair.error or row["payload"]
-        return
-    payload = orjson.loads(row["payload"])
-    pair.chunks.append(StagedChunk.from_dict(payload["chunk"]))
-    pair.header.merge(BatchHeader.from_dict(payload["header"]))
 
 
 def _pair(collected: _Collected, dest_id: str, table: str) -> PairLoad:
@@ -770,12 +766,28 @@ def _pair(collected: _Collected, dest_id: str, table: str) -> PairLoad:
     return found
 
 
-def _parked_by_destination(failed_dir: Path) -> defaultdict[str, list[ParkedSpools]]:
-    """The parked groups of `failed_dir` (`logs.failed`), by destination id."""
-    parked: defaultdict[str, list[ParkedSpools]] = defaultdict(list)
-    for group in parked_spools(failed_dir):
-        parked[group.dest_id].append(group)
-    return parked
+def _known_splits(reached: dict[str, _Reached]) -> dict[str, set[tuple[int, int]]]:
+    """Log name → (start, end) of its splits with per-split load markers: `plan_splits` keeps them."""
+    known: dict[str, set[tuple[int, int]]] = defaultdict(set)
+    for part in reached.values():
+        for key, _table in part.split_markers:
+            with contextlib.suppress(ValueError):  # not a split key: never made by a pass
+                name, start, end = split_range(key)
+                known[name].add((start, end))
+    return known
+
+
+def _split_done(reached: dict[str, _Reached], splits: list[Split]) -> frozenset[tuple[str, str, str]]:
+    """`JobPlan.split_done`: (split key, destination, table) of the markers of this job's splits."""
+    keys = {split.key for split in splits}
+    done = set()
+    for dest_id, part in reached.items():
+        for key, table in part.split_markers:
+            if key in keys:
+                done.add((key, dest_id, table))
+            else:  # overlapping markers (`plan_splits` keeps the first): never made by a pass
+                log.warning("destination %s, table %s: load marker of split %s not kept", dest_id, table, key)
+    return frozenset(done)
 
 
 def _expired(policy: RetryPolicy, pair: PairStatus, now: float) -> bool:

@@ -1,14 +1,28 @@
 """The executor side of the job: one Spark task's lines through the step chain into the stage.
 
-Input: byte ranges of rotated logs, read by the task itself. Output: a few summary rows, counts
-per (log, destination, table), the staged chunks with their BatchHeaders, and the spool files of
-failed events. Events never leave the executor except into the warehouse's stage.
+Input: byte ranges of rotated logs (splits), read by the task itself. Output: one `TaskResult`:
+counts per (log, destination, table), the staged chunks with their BatchHeaders, the splits written
+directly, and the spool files of failed events. Events never leave the executor except into the
+warehouse (its stage, or its tables directly).
+
+Each (split, destination, table) is in one of three states, decided by its first row:
+- DIRECT (`batch.direct`): the destination writes directly (`JobPlan.direct`), has no primary key
+  and no transform, and the table exists with columns whose values can all be checked here. Rows
+  are kept until the split ends, then written with their load markers in one transaction per
+  (split, destination) (`end_split`).
+- STAGED: as before, rows go into the task's ChunkBuffer of the table, and the driver patches the
+  table and commits the chunks. A DIRECT (split, table) becomes STAGED, with the rows it kept, at
+  its first row with a field the table lacks (`stage_split`).
+- DONE: an earlier pass wrote the split directly (`JobPlan.split_done`): rows are checked, so that
+  failed events are spooled again (their pair is not settled yet), but neither kept nor counted.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import signal
+import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,10 +31,19 @@ from typing import IO, Any, cast
 import orjson
 
 from eventspark.batch.chunks import ChunkBuffer, chunk_buffer
+from eventspark.batch.direct import STAGE, DirectBuffer, DirectColumns, direct_columns
 from eventspark.batch.memory import keep_freed_memory
 from eventspark.batch.plan import JobPlan
+from eventspark.batch.results import DirectResult, PairCount, StagedResult, TaskResult
 from eventspark.batch.splits import Split, read_split
-from eventspark.destinations.base import DestinationError, JsonStageWriter, ObjectBuffer, StageWriter
+from eventspark.destinations.base import (
+    DestinationError,
+    DirectRows,
+    DirectWriter,
+    JsonStageWriter,
+    ObjectBuffer,
+    StageWriter,
+)
 from eventspark.destinations.registry import destination_type
 from eventspark.logs.failed import event_error_line, event_id_of
 from eventspark.ops.cache_results import SAMPLE_LINES, sample_row
@@ -30,17 +53,20 @@ from eventspark.steps.diff import UnmappedRule
 from eventspark.steps.lookup import GeoResolver, UserAgentParser
 from eventspark.steps.recognition import RecognitionColumns, Sightings
 
-SUMMARY_FIELDS = ("kind", "file", "dest", "tbl", "rows", "failed", "skipped", "spool", "payload")
-"""The fields of a summary row (a tuple): ("count", log, destination, table, rows, failed, skipped,
-failed-event spool, None), ("chunk", None, destination, table, 0, 0, 0, None, chunk JSON),
-("error", None, destination, table, 0, 0, 0, None, why staging failed) or ("sample", log,
-destination, "", 0, 0, 0, None, a sampled event for the events cache: `ops.cache_results`) or
-("recognition", None, destination, "", 0, 0, 0, None, the ids users recognition saw: `Sightings`)."""
 NO_TABLE = ""
 """The table of events that never got one: template failures, skips, unreadable lines."""
 TRANSFORM_CHUNK = 1000
 """Events a task holds for destinations with a JavaScript transform before running them (`defer`)."""
 _UNKNOWN: Any = object()
+_WHOLE_SPLIT = sys.maxsize
+"""The row limit of a DIRECT or DONE target: never flushed before the split ends."""
+
+Target = tuple[Any, list[int], int]
+"""A (log, destination, table)'s buffer (ChunkBuffer, DirectBuffer or ObjectBuffer), its counts
+(rows, failed, skipped) and the rows that make its buffer flush."""
+
+# Direct split commits of this Python worker, for `JobPlan.executor_fault` (tests only).
+_split_commits = 0
 
 # One GeoIP reader and UA parser per Python worker: Spark reuses workers across tasks and jobs.
 _resolvers: dict[str | None, tuple[GeoResolver | None, UserAgentParser]] = {}
@@ -53,8 +79,8 @@ def _lookups(geo_path: str | None) -> tuple[GeoResolver | None, UserAgentParser]
     return found
 
 
-def process_splits(plan: JobPlan, task_id: int, splits: Iterable[Split]) -> list[tuple[Any, ...]]:
-    """The body of a Spark task: reads its splits, runs every line, returns the summary rows."""
+def process_splits(plan: JobPlan, task_id: int, splits: Iterable[Split]) -> list[TaskResult]:
+    """The body of a Spark task: reads its splits, runs every line, returns its one result."""
     # Parsed events and buffered rows hold no reference cycles, so reference counting frees them;
     # the cycle collector would only walk the growing buffers again and again. It is back on, as
     # it was, when the task ends.
@@ -65,11 +91,11 @@ def process_splits(plan: JobPlan, task_id: int, splits: Iterable[Split]) -> list
     try:
         for split in splits:
             file = split.name
-            task.sample_left = SAMPLE_LINES
+            task.start_split(split)
             for line in read_split(split):
                 task.add_line(line, file)
             task.end_split(split)
-        return task.finish()
+        return [task.finish()]
     finally:
         task.close()
         if collecting:
@@ -87,12 +113,21 @@ class PartitionTask:
         self.counts: dict[tuple[str, str, str], list[int]] = {}
         self.spools: dict[tuple[str, str, str], tuple[Path, IO[bytes]]] = {}
         self.writers: dict[str, StageWriter] = {}
-        self.chunks: list[tuple[str, str, bytes]] = []
+        self.chunks: list[StagedResult] = []
         self.errors: dict[tuple[str, str], str] = {}
         self.line_number = 0
-        # Per (log, destination, table): its buffer and counts, None when done already, or the
-        # reason its events fail (given up: `plan.give_up`).
-        self.targets: dict[tuple[str, str, str], tuple[ChunkBuffer, list[int]] | str | None] = {}
+        # Per (log, destination, table): its Target, None when done already, or the reason its
+        # events fail (given up: `plan.give_up`).
+        self.targets: dict[tuple[str, str, str], Target | str | None] = {}
+        # Direct writes: the split being read, the targets that end with it (DIRECT, DONE, and
+        # DIRECT turned STAGED), the buffers to write at its end, the checks of each
+        # (destination, table) (None: staged), a writer per destination, the splits written.
+        self.split_key = ""
+        self.split_targets: list[tuple[str, str, str]] = []
+        self.direct_buffers: dict[tuple[str, str, str], DirectBuffer] = {}
+        self.direct_tables: dict[tuple[str, str], DirectColumns | None] = {}
+        self.direct_writers: dict[str, DirectWriter] = {}
+        self.direct: list[DirectResult] = []
         # (log, token) → its destinations, less those the plan skips for that log (`plan.skip`).
         self.routes: dict[tuple[str, str], tuple[str, ...]] = {}
         self.seq_bases: dict[str, int] = {}
@@ -234,17 +269,40 @@ class PartitionTask:
         if type(target) is str:  # given up: to failed/, with the reason
             self.fail(file, dest_id, table, line, target)
             return Failure(target)
-        buffer, counts = target
+        buffer, counts, limit = target
         error = buffer.add(result.values, result.casts, self.seq(file))
         if error is not None:
+            if error is STAGE:
+                return self.stage_split(file, dest_id, result, line)
             self.fail(file, dest_id, table, line, error)
             return Failure(error)
         counts[0] += 1
         if self.plan.recognition and dest_id in self.plan.recognition:
             self.sight(dest_id, table, result.values)
-        if len(buffer) >= self.plan.chunk_rows:
+        if len(buffer) >= limit:
             self.flush(dest_id, buffer)
         return result
+
+    def stage_split(self, file: str, dest_id: str, result: Row, line: bytes) -> Row | Failure | bool:
+        """A row the table cannot take directly (a field it lacks): its DIRECT (split, table)
+        becomes STAGED with the rows kept so far, and the row goes into the ChunkBuffer. In a DONE
+        split, the row was written with it: nothing to do."""
+        key = (file, dest_id, result.table)
+        direct = self.direct_buffers.pop(key, None)
+        if direct is None:
+            return result
+        counts = self.count(*key)
+        buffer = self.buffer(dest_id, result.table)
+        self.targets[key] = (buffer, counts, self.plan.chunk_rows)
+        for values in direct.dicts():
+            # Checked against the same types already: cannot fail, unless a bug makes it; then
+            # the pair fails this pass rather than losing a row.
+            error = buffer.add(values, {}, 0)
+            if error is not None:
+                self.errors.setdefault((dest_id, result.table), f"staging: a row kept for a direct write: {error}")
+            elif len(buffer) >= self.plan.chunk_rows:
+                self.flush(dest_id, buffer)
+        return self.place(file, dest_id, result, line)
 
     def sight(self, dest_id: str, table: str, values: dict[str, Any]) -> None:
         """Users recognition: notes the row's anonymous id (and user) for the driver (ids only)."""
@@ -257,7 +315,7 @@ class PartitionTask:
         if sighting is not None:
             found[1].add(table, sighting)
 
-    def target(self, file: str, dest_id: str, table: str) -> tuple[ChunkBuffer, list[int]] | str | None:
+    def target(self, file: str, dest_id: str, table: str) -> Target | str | None:
         if table in self.plan.done.get((file, dest_id), ()):
             return None
         given_up = self.plan.give_up.get((file, dest_id)) if self.plan.give_up else None
@@ -268,8 +326,47 @@ class PartitionTask:
         objects = self.plan.objects.get(dest_id) if self.plan.objects else None
         if objects is not None:
             buffer = self.object_buffers[file, dest_id, table] = objects.buffer(table)
-            return cast(ChunkBuffer, buffer), self.count(file, dest_id, table)
-        return self.buffer(dest_id, table), self.count(file, dest_id, table)
+            return cast(ChunkBuffer, buffer), self.count(file, dest_id, table), self.plan.chunk_rows
+        if self.plan.direct and dest_id in self.plan.direct:
+            found = self.direct_target(file, dest_id, table)
+            if found is not None:
+                return found
+        return self.buffer(dest_id, table), self.count(file, dest_id, table), self.plan.chunk_rows
+
+    def direct_target(self, file: str, dest_id: str, table: str) -> Target | None:
+        """The DIRECT or DONE target of the (split, table); None when the table is staged."""
+        key = (file, dest_id, table)
+        columns = self.direct_columns(dest_id, table)
+        if (self.split_key, dest_id, table) in self.plan.split_done:
+            self.split_targets.append(key)
+            counts = self.count(file, dest_id, table)  # rows 0: the pair still gets an outcome
+            if columns is None:  # the table changed since: rows are not checked
+                return _Written(), counts, _WHOLE_SPLIT
+            return DirectBuffer(table, columns, keep=False), [0, 0, 0], _WHOLE_SPLIT
+        if columns is None:
+            return None
+        self.split_targets.append(key)
+        buffer = self.direct_buffers[key] = DirectBuffer(table, columns)
+        return buffer, self.count(file, dest_id, table), _WHOLE_SPLIT
+
+    def direct_columns(self, dest_id: str, table: str) -> DirectColumns | None:
+        """The checks of a table written directly; None when it is staged: it does not exist yet,
+        its destination has primary keys (the driver's commit orders upserts across splits) or a
+        transform, it is full (`UnmappedRule.full`), or a column's values cannot all be checked."""
+        key = (dest_id, table)
+        if key in self.direct_tables:
+            return self.direct_tables[key]
+        columns = None
+        sql_types = self.plan.sql_types.get(dest_id, {}).get(table)
+        existing = self.plan.existing.get(dest_id, {}).get(table)
+        if sql_types and existing and not self.plan.primary_keys.get(dest_id):
+            layout = self.plan.destinations[dest_id].data_layout
+            unmapped = UnmappedRule.of(layout, layout.max_columns or self.plan.max_columns)
+            full = unmapped is not None and unmapped.full(existing)
+            if not full and self.chain(dest_id).transform is None:
+                columns = direct_columns(sql_types, existing)
+        self.direct_tables[key] = columns
+        return columns
 
     def seq(self, file: str) -> int:
         # Later logs first by rank, then task, then line: the last event of a key wins an upsert.
@@ -341,13 +438,19 @@ class PartitionTask:
             # The pair fails for this pass (the driver will not commit it); the task goes on.
             self.errors[dest_id, buffer.table] = f"staging: {exc}"
             return
-        payload = orjson.dumps({"chunk": chunk.to_dict(), "header": header.to_dict()})
-        self.chunks.append((dest_id, buffer.table, payload))
+        self.chunks.append(StagedResult(dest_id, buffer.table, chunk, header))
+
+    def start_split(self, split: Split) -> None:
+        self.split_key = split.key
+        self.sample_left = SAMPLE_LINES
 
     def end_split(self, split: Split) -> None:
-        """Writes the objects of the split's log (files destinations), one per destination and table."""
+        """Writes the split's DIRECT tables, one transaction per destination, and the objects of
+        the split's log (files destinations), one per destination and table."""
         if self.deferred_count:
             self.run_deferred()
+        if self.split_targets:
+            self.write_direct(split)
         if not self.object_buffers:
             return
         file = split.name
@@ -367,11 +470,54 @@ class PartitionTask:
             except Exception as exc:  # a client's untranslated error fails the pair, never the pass
                 self.errors[dest_id, table] = f"writing: {type(exc).__name__}: {str(exc)[:300]}"
                 continue
-            payload = orjson.dumps({"chunk": chunk.to_dict(), "header": header.to_dict()})
-            self.chunks.append((dest_id, table, payload))
+            self.chunks.append(StagedResult(dest_id, table, chunk, header))
 
-    def finish(self) -> list[tuple[Any, ...]]:
-        """Stages what is left and returns the summary rows."""
+    def write_direct(self, split: Split) -> None:
+        """Writes the rows the split kept for each destination (DIRECT tables), then forgets the
+        split's targets: the next split starts DIRECT again."""
+        by_dest: dict[str, dict[str, DirectRows]] = {}
+        for key in self.split_targets:
+            del self.targets[key]
+            buffer = self.direct_buffers.pop(key, None)
+            if buffer is not None and buffer.rows:
+                _file, dest_id, table = key
+                by_dest.setdefault(dest_id, {})[table] = buffer.take()
+        self.split_targets = []
+        for dest_id, tables in by_dest.items():
+            try:
+                self.write_split(dest_id, tables)
+            except DestinationError as exc:
+                # The pair fails for this pass (nothing of the split was written); the task goes on.
+                for table in tables:
+                    self.errors[dest_id, table] = f"writing: {exc}"
+                continue
+            except Exception as exc:  # a client's untranslated error fails the pairs, never the pass
+                for table in tables:
+                    self.errors[dest_id, table] = f"writing: {type(exc).__name__}: {str(exc)[:300]}"
+                continue
+            rows = {table: len(direct.rows) for table, direct in tables.items()}
+            self.direct.append(DirectResult(dest_id, self.split_key, split.name, rows))
+
+    def write_split(self, dest_id: str, tables: dict[str, DirectRows]) -> None:
+        global _split_commits
+        writer = self.direct_writers.get(dest_id)
+        if writer is None:
+            writer = self.direct_writers[dest_id] = self.plan.direct[dest_id].open()
+        fault = self.plan.executor_fault
+        if fault is None:
+            writer.write_split(self.split_key, tables)
+            return
+        # Tests only: an executor killed around its n-th split commit, as `kill -9` would.
+        when, _, number = fault.partition(":")
+        _split_commits += 1
+        nth = _split_commits == int(number)
+        killed = _kill if nth and when == "kill-before-commit" else None
+        writer.write_split(self.split_key, tables, before_commit=killed)
+        if nth and when == "kill-after-commit":
+            _kill()
+
+    def finish(self) -> TaskResult:
+        """Stages what is left and returns the task's result."""
         if self.deferred_count:
             self.run_deferred()
         for (dest_id, _table), buffer in self.buffers.items():
@@ -382,26 +528,37 @@ class PartitionTask:
             handle.flush()
             os.fsync(handle.fileno())
             handle.close()
-        out: list[tuple[Any, ...]] = []
+        result = TaskResult(staged=self.chunks, direct=self.direct, errors=self.errors, samples=self.samples)
         for (file, dest_id, table), (rows, failed, skipped) in self.counts.items():
             spool = self.spools.get((file, dest_id, table))
-            out.append(("count", file, dest_id, table, rows, failed, skipped, str(spool[0]) if spool else None, None))
-        for (dest_id, table), error in self.errors.items():
-            out.append(("error", None, dest_id, table, 0, 0, 0, None, error))
-        for dest_id, table, payload in self.chunks:
-            out.append(("chunk", None, dest_id, table, 0, 0, 0, None, payload.decode()))
-        for file, dest_id, sample in self.samples:
-            out.append(("sample", file, dest_id, NO_TABLE, 0, 0, 0, None, sample))
+            path = str(spool[0]) if spool else None
+            result.counts.append(PairCount(file, dest_id, table, rows, failed, skipped, path))
         for dest_id, (_columns, seen) in self.sightings.items():
             if seen or seen.dropped:
-                payload = orjson.dumps(seen.to_dict()).decode()
-                out.append(("recognition", None, dest_id, NO_TABLE, 0, 0, 0, None, payload))
-        return out
+                result.sightings[dest_id] = seen
+        return result
 
     def close(self) -> None:
         for writer in self.writers.values():
             writer.close()
+        for direct in self.direct_writers.values():
+            direct.close()
         for objects in self.plan.objects.values():
             objects.close()
         for _path, handle in self.spools.values():
             handle.close()
+
+
+class _Written:
+    """The buffer of a DONE (split, table) whose table cannot be checked any more (it changed
+    since the split was written): takes every row, keeps none."""
+
+    def add(self, values: dict[str, Any], casts: Any, seq: int = 0) -> str | None:
+        return None
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _kill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from eventspark.batch.splits import Split
 from eventspark.config.routing import token_routes
 from eventspark.destinations.base import DirectTarget, ObjectTarget, StageTarget
 from eventspark.steps.typing import DataType
@@ -67,6 +68,12 @@ class JobPlan:
     """Set when this job loads replay logs (`logs.replay`): the one destination they load into."""
     recognition: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     """Destination id → (anonymous id node, identification nodes) of its users recognition."""
+    splits: list[Split] = field(default_factory=list)
+    """The job's splits, in order (`plan_splits`, cut before the job so that per-split markers
+    can be read): one Spark task each."""
+    executor_fault: str | None = None
+    """Test only (like the driver's `Fault`): `kill-before-commit:<n>` / `kill-after-commit:<n>`
+    makes an executor SIGKILL itself around its n-th direct split commit."""
 
     def destinations_of(self, token_id: str) -> tuple[str, ...]:
         found = self.token_destinations.get(token_id)

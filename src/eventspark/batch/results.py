@@ -38,8 +38,6 @@ class StagedResult:
     table: str
     chunk: StagedChunk
     header: BatchHeader
-    splits: tuple[str, ...] = ()
-    """Keys of the splits whose rows the chunk holds (`Split.key`)."""
 
 
 @dataclass(slots=True)
@@ -56,6 +54,8 @@ class DirectResult:
 
 @dataclass(slots=True)
 class TaskResult:
+    """The one result of a task (`batch.partition.process_splits`)."""
+
     counts: list[PairCount] = field(default_factory=list)
     staged: list[StagedResult] = field(default_factory=list)
     direct: list[DirectResult] = field(default_factory=list)

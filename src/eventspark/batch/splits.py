@@ -8,12 +8,13 @@ than the step chain itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-MIN_SPLIT_BYTES = 4 * 1024 * 1024
-MAX_SPLIT_BYTES = 64 * 1024 * 1024
+SPLIT_BYTES = 16 * 1024 * 1024
+"""The size of a split (the last one of a log or of a gap is smaller): read by `plan_splits` at
+each call, so tests may make it smaller."""
 READ_BUFFER = 1024 * 1024
 
 
@@ -36,25 +37,48 @@ class Split:
         return f"{self.name}@{self.start}-{self.end}"
 
 
-def plan_splits(logs: list[Path], parallelism: int, max_bytes: int = MAX_SPLIT_BYTES) -> list[Split]:
-    """Cuts the logs into splits of about the same size, at most `max_bytes` and (unless a log is
-    smaller) at least 4 MB: at least two per core, as many as makes whole waves of tasks, so that
-    no core is left with a long last task while the others wait.
+def plan_splits(logs: list[Path], known: Mapping[str, Iterable[tuple[int, int]]] | None = None) -> list[Split]:
+    """Cuts each log into ceil(size / SPLIT_BYTES) equal splits: a function of the log alone (not
+    of the parallelism or of the other logs of the pass), so that a rerun after a crash cuts the
+    same splits and finds their load markers.
+
+    `known`: log name → (start, end) of splits that have load markers already (`Split.key`s read
+    by the driver); they are kept as they are and the gaps between them are cut by the same rule,
+    so a change of SPLIT_BYTES across an upgrade never cuts a committed split differently. A
+    known range that overlaps an earlier one or runs past the end of its log is not kept.
 
     Splits come in the order of `logs`, then of offsets: task ids follow the order of the events.
     """
-    sizes = [p.stat().st_size for p in logs]
-    cores = max(1, parallelism)
-    count = max(2 * cores, -(-sum(sizes) // max_bytes))
-    count = -(-count // cores) * cores
-    size = max(-(-sum(sizes) // count), min(MIN_SPLIT_BYTES, max_bytes))
-    splits = []
-    for path, total in zip(logs, sizes, strict=True):
-        # Equal pieces of each log rather than full ones and a small remainder.
-        step = max(1, -(-total // max(1, -(-total // size))))
-        for start in range(0, total, step):
-            splits.append(Split(str(path), start, min(start + step, total)))
+    splits: list[Split] = []
+    for path in logs:
+        total = path.stat().st_size
+        position = 0
+        for start, end in sorted((known or {}).get(path.name, ())):
+            if start < position or end > total or end <= start:
+                continue
+            splits += _cut(str(path), position, start)
+            splits.append(Split(str(path), start, end))
+            position = end
+        splits += _cut(str(path), position, total)
     return splits
+
+
+def _cut(path: str, start: int, end: int) -> list[Split]:
+    """[start, end) in ceil(size / SPLIT_BYTES) pieces of equal size (the last one maybe smaller)."""
+    size = end - start
+    if size <= 0:
+        return []
+    step = -(-size // -(-size // SPLIT_BYTES))
+    return [Split(path, offset, min(offset + step, end)) for offset in range(start, end, step)]
+
+
+def split_range(key: str) -> tuple[str, int, int]:
+    """(log name, start, end) of a `Split.key`; ValueError when `key` is not one."""
+    name, at, span = key.rpartition("@")
+    start, dash, end = span.partition("-")
+    if not (name and at and dash and start.isdigit() and end.isdigit()):
+        raise ValueError(f"not a split key: {key!r}")
+    return name, int(start), int(end)
 
 
 def read_split(split: Split) -> Iterator[bytes]:

@@ -11,6 +11,11 @@ A load goes through the same roles everywhere:
    a load marker per source file recorded, the stage dropped. `loaded_files` reads those markers
    back, so a crash between any two steps and a rerun leave every event in the table exactly once.
 
+Where the warehouse can (`Capabilities.direct_writes`), executors skip the stage for a split whose
+rows all fit an existing table: a `DirectWriter` that a picklable `DirectTarget` opens writes them
+into the table itself, in one transaction with one load marker per (split, table);
+`loaded_splits` reads those markers back, so a rerun writes only the splits not committed.
+
 Driver errors are translated here, at the boundary: `TransientError` (connection refused, reset,
 timeout: keep the data, retry later) or `TerminalError` (the data or the schema is wrong).
 """
@@ -21,7 +26,7 @@ import importlib
 import importlib.util
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -151,9 +156,13 @@ class DirectRows:
 class DirectWriter(Protocol):
     """Writes whole splits into their target tables, on an executor (`Capabilities.direct_writes`)."""
 
-    def write_split(self, split: str, tables: Mapping[str, DirectRows]) -> None:
+    def write_split(
+        self, split: str, tables: Mapping[str, DirectRows], before_commit: Callable[[], None] | None = None
+    ) -> None:
         """In one transaction: the rows of each table into the table itself, and one load marker
-        (`split`, table) per table; DestinationError when it cannot (nothing is written then)."""
+        (`split`, table) per table; DestinationError when it cannot (nothing is written then: a
+        split written already fails on its marker). `before_commit`, a test hook (the executor's
+        fault), runs after the rows and markers are written, before the commit."""
         ...
 
     def close(self) -> None: ...
@@ -352,6 +361,18 @@ class DestinationAdapter(ABC):
     @abstractmethod
     def loaded_files(self, dest_id: str, files: Iterable[str]) -> set[tuple[str, str]]:
         """(file, table) pairs of `files` already committed for `dest_id`."""
+
+    def direct_target(self, job_id: str) -> DirectTarget:
+        """Where the executors of job `job_id` write splits straight into existing tables
+        (`Capabilities.direct_writes`)."""
+        raise TerminalError(f"{type(self).__name__} cannot write directly: direct_writes is not supported")
+
+    def loaded_splits(self, dest_id: str, logs: Iterable[str]) -> set[tuple[str, str]]:
+        """(split key, table) of every split of the logs named `logs` whose rows a direct write
+        committed for `dest_id` (per-split load markers, `Split.key`: `<log>@<start>-<end>`).
+        Read by log, not by key: the boundaries found are kept by the next cut (`plan_splits`).
+        Empty without `Capabilities.direct_writes` (no split markers are ever written)."""
+        return set()
 
     @abstractmethod
     def drop_stages(self, job_id: str) -> None:

@@ -120,6 +120,24 @@ def parse_timestamp(s: str) -> datetime | None:
         return None
 
 
+def is_timestamp(s: str) -> bool:
+    """Whether `parse_timestamp` accepts ``s``, at about two thirds of its cost: the check of the
+    values of a TIMESTAMP column, which keep their text (no datetime is made for them)."""
+    if _RFC3339.fullmatch(s) is None:  # the exact shape (its length included)
+        return False
+    try:
+        parsed = datetime.fromisoformat(s)
+    except (ValueError, OverflowError):  # month 13, year 0
+        return False
+    if 1 < parsed.year < 9999:  # only the first and last years can leave datetime's range in UTC
+        return True
+    try:
+        parsed.astimezone(UTC)
+    except OverflowError:
+        return False
+    return True
+
+
 def infer_type(value: object) -> DataType:
     """The DataType of one JSON value (already flattened: arrays are JSON strings by now).
 
@@ -353,7 +371,7 @@ def _promote_field(current: Field, name: str, value: object, casts: Mapping[str,
     known = current.type
     kind = type(value)
     if known is _TIMESTAMP:
-        if _is_fixed(name, casts) or (kind is str and parse_timestamp(value) is not None):  # type: ignore[arg-type]
+        if _is_fixed(name, casts) or (kind is str and is_timestamp(value)):  # type: ignore[arg-type]
             return
         current.type = _STRING  # TIMESTAMP meets anything else at the root
         return

@@ -10,4 +10,5 @@ CAPABILITIES = Capabilities(
     ddl_in_transactions=True,
     add_column_if_not_exists=True,  # since 9.6
     users_recognition="update",
+    direct_writes=True,  # text COPY into the target per split, with its markers (postgres/direct.py)
 )

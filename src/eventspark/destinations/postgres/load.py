@@ -1,7 +1,9 @@
 """PostgreSQL: what differs from the shared SQL load (`sql.warehouse.SqlWarehouse`).
 
-Executors binary-COPY chunks into UNLOGGED staging tables; the shared commit moves them into the
-target with INSERT ... SELECT (standard CASTs) and `ON CONFLICT` with a primary key. Stream rows
+Executors write each split of an existing table whose values they can check straight into it
+(text COPY, with its per-split markers: `postgres.direct`); other chunks are binary-COPYed into
+UNLOGGED staging tables, and the shared commit moves them into the target with INSERT ... SELECT
+(standard CASTs) and `ON CONFLICT` with a primary key. Stream rows
 go as one JSON parameter, read back with `jsonb_array_elements` and cast per column.
 """
 
@@ -13,11 +15,12 @@ from typing import Any
 
 import orjson
 
-from eventspark.destinations.base import STAGE_PREFIX
+from eventspark.destinations.base import LOADS_TABLE, STAGE_PREFIX
 from eventspark.destinations.postgres.capabilities import CAPABILITIES
 from eventspark.destinations.postgres.client import PostgresClient, PostgresStageTarget, conninfo_of
 from eventspark.destinations.postgres.configuration import PostgresDestination
 from eventspark.destinations.postgres.dialect import DIALECT
+from eventspark.destinations.postgres.direct import PostgresDirectTarget
 from eventspark.destinations.sql.statements import cast_expr
 from eventspark.destinations.sql.warehouse import SqlClient, SqlWarehouse
 from eventspark.steps.diff import Table
@@ -67,8 +70,15 @@ class PostgresWarehouse(SqlWarehouse):
 
     def _prepare_statements(self) -> list[str]:
         # Nodes connecting at once would race on CREATE ... IF NOT EXISTS (a unique violation in
-        # the catalog): a transaction-scoped advisory lock makes them take turns.
-        return ["SELECT pg_advisory_xact_lock(hashtext('eventspark.prepare'))", *super()._prepare_statements()]
+        # the catalog): a transaction-scoped advisory lock makes them take turns. Split markers are
+        # read by their log's prefix (`loaded_splits`): a pattern index serves the LIKE under any
+        # collation, so the read does not scan every marker ever written.
+        split_index = (
+            f"CREATE INDEX IF NOT EXISTS {self.dialect.quote(LOADS_TABLE + '_split')} "
+            f"ON {self.name(LOADS_TABLE)} (dest_id, file text_pattern_ops)"
+        )
+        lock = "SELECT pg_advisory_xact_lock(hashtext('eventspark.prepare'))"
+        return [lock, *super()._prepare_statements(), split_index]
 
     def _catalog(self, client: SqlClient, name: str | None) -> tuple[list[Any], list[tuple[str, Sequence[str]]]]:
         assert isinstance(client, PostgresClient)
@@ -102,6 +112,10 @@ class PostgresWarehouse(SqlWarehouse):
     def stage_target(self, job_id: str, pass_bytes: int = 0) -> PostgresStageTarget:
         self._connection()  # the schema must exist before executors create tables in it
         return PostgresStageTarget(self.conninfo, self.schema, job_id)
+
+    def direct_target(self, job_id: str) -> PostgresDirectTarget:
+        self._connection()  # the schema and the marker table must exist before executors write
+        return PostgresDirectTarget(self.conninfo, self.schema, LOADS_TABLE, self.dest_id)
 
     def _insert_rows(
         self, client: SqlClient, table: Table, columns: Sequence[str], rows: Sequence[Mapping[str, Any]], doing: str

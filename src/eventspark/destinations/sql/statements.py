@@ -123,6 +123,18 @@ def marker_select(loads: str, literal: Quote, dest_id: str, files: Sequence[str]
     return f"SELECT DISTINCT file, table_name FROM {loads} WHERE dest_id = {literal(dest_id)} AND file IN ({wanted})"
 
 
+def split_marker_select(loads: str, literal: Quote, dest_id: str, logs: Sequence[str]) -> str:
+    """The (split key, table) pairs of the per-split markers of `logs` committed for `dest_id`:
+    keys are `<log>@<start>-<end>`, matched by their `<log>@` prefix (LIKE, `!` the escape)."""
+    prefixes = [_like_escaped(name + "@") + "%" for name in logs]
+    matches = " OR ".join(f"file LIKE {literal(prefix)} ESCAPE '!'" for prefix in prefixes)
+    return f"SELECT DISTINCT file, table_name FROM {loads} WHERE dest_id = {literal(dest_id)} AND ({matches})"
+
+
+def _like_escaped(text: str) -> str:
+    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+
+
 # --- stream inserts -------------------------------------------------------------------------------
 
 

@@ -40,6 +40,7 @@ from eventspark.destinations.sql.statements import (
     insert_plan,
     marker_insert,
     marker_select,
+    split_marker_select,
     upsert_clause,
 )
 from eventspark.steps.diff import Table, TablePatch
@@ -273,6 +274,15 @@ class SqlWarehouse(DestinationAdapter):
         with self._session() as client:
             select = marker_select(self.name(LOADS_TABLE), self.literal, dest_id, wanted)
             rows = client.rows(select, "reading load markers")
+        return {(f, t) for f, t in rows}
+
+    def loaded_splits(self, dest_id: str, logs: Iterable[str]) -> set[tuple[str, str]]:
+        wanted = list(logs)
+        if not wanted or not self.capabilities.direct_writes:
+            return set()  # no split markers are ever written
+        with self._session() as client:
+            select = split_marker_select(self.name(LOADS_TABLE), self.literal, dest_id, wanted)
+            rows = client.rows(select, "reading split load markers")
         return {(f, t) for f, t in rows}
 
     def drop_stages(self, job_id: str) -> None:
