@@ -136,8 +136,8 @@ class ChunkBuffer:
         return self.count
 
     def add(self, values: dict[str, Any], casts: Mapping[str, str], seq: int = 0) -> str | None:
-        """Takes the row (its dict may be changed, and is kept unless the buffer encodes it as JSON)
-        or returns why it does not fit."""
+        """Takes the row (its dict may be changed; the buffer keeps its values, not the dict: a
+        change made after this call does not reach the chunk) or returns why it does not fit."""
         for key in self.primary_keys:
             if values.get(key) is None:
                 return f"primary key field {key!r} is missing"
