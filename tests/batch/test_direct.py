@@ -290,3 +290,103 @@ def test_the_executor_fault_kills_the_task_around_its_nth_split_commit(
     expected = {splits[0].key} | ({splits[1].key} if when == "after" else set())
     assert {key for key, _table in warehouse.loaded_splits("pg", ["log"])} == expected
     assert len(_rows(pg_schema, "a", "n")) == 2 * len(expected)
+
+
+# --- review fixes ---------------------------------------------------------------------------------
+
+
+def test_text_holding_nul_fails_its_row_alone() -> None:
+    """Postgres text cannot store U+0000: such a value would fail the COPY of the whole split."""
+    columns = _columns({**COLUMNS, "v": "character varying"})
+    assert columns is not None
+    buffer = DirectBuffer("a", columns)
+    assert buffer.add({"event_type": "a"}, {}) is None  # `event_type` takes the fast path from now on
+    for column, row in [
+        ("event_type", {"event_type": "a\x00b"}),
+        ("code", {"event_type": "a", "code": "\x00"}),  # varchar(3): cut, but not with a NUL
+        ("v", {"event_type": "a", "v": "x\x00"}),
+    ]:
+        assert buffer.add(row, {}) == f"column {column!r}: text cannot hold the character U+0000 (NUL)"
+    assert len(buffer) == 1
+
+
+def test_kept_rows_tell_each_columns_one_python_type() -> None:
+    columns = _columns(COLUMNS)
+    assert columns is not None
+    buffer = DirectBuffer("a", columns)
+    row = {
+        "event_type": 7,
+        "n": 3.0,
+        "small": "12",
+        "x": 2,
+        "price": 1,
+        "ok": "true",
+        "code": 5,
+        "t": "2020-08-02T20:23:56+02:00",
+    }
+    assert buffer.add(row, {}) is None
+    taken = buffer.take()
+    assert taken.kinds == [str, int, int, float, float, bool, str, str]
+    assert [type(value) for value in taken.rows[0]] == taken.kinds
+
+
+def test_a_done_split_of_a_table_no_longer_written_directly_is_checked_against_its_types(
+    tmp_path: Path, warehouse: PostgresWarehouse, dest: PostgresDestination, pg_schema: str
+) -> None:
+    stage = RecordingStage(set())
+    splits = _whole(_log(tmp_path, [{"event_type": "a", "n": 1}, {"event_type": "a", "n": "x"}]))
+    plan = _plan(tmp_path, warehouse, dest, stage)
+    plan.split_done = frozenset({(splits[0].key, "pg", "a")})
+    # The table's columns changed since the split was written: `x` is `jsonb` now (not checked here).
+    plan.sql_types["pg"]["a"]["x"] = "jsonb"
+    result = _run(plan, splits)
+    assert _counts(result) == {"a": (0, 1)}  # its failed event spooled again, its row not written again
+    (spool,) = [c.spool for c in result.counts if c.spool]
+    assert orjson.loads(Path(spool).read_bytes())["error"] == "column 'n': value 'x' does not fit a INT64 column"
+    assert result.direct == [] and result.staged == [] and result.errors == {}
+    assert _rows(pg_schema, "a", "n") == []
+
+
+def test_a_done_split_of_a_destination_given_primary_keys_is_not_written_again(
+    tmp_path: Path, warehouse: PostgresWarehouse, dest: PostgresDestination, pg_schema: str
+) -> None:
+    stage = RecordingStage(set())
+    splits = _whole(_log(tmp_path, [{"event_type": "a", "n": 1}, {"event_type": "a", "n": "x"}]))
+    plan = _plan(tmp_path, warehouse, dest, stage)
+    plan.split_done = frozenset({(splits[0].key, "pg", "a")})
+    plan.primary_keys = {"pg": ("eventn_ctx_event_id",)}
+    plan.direct, plan.sql_types = {}, {}  # as the driver plans a destination with primary keys
+    result = _run(plan, splits)
+    assert _counts(result) == {"a": (0, 1)}
+    assert result.staged == [] and stage.written == [] and result.errors == {}
+
+
+def test_a_done_split_whose_table_lost_a_column_still_checks_the_rest_of_each_row(
+    tmp_path: Path, warehouse: PostgresWarehouse, dest: PostgresDestination
+) -> None:
+    stage = RecordingStage(set())
+    splits = _whole(_log(tmp_path, [{"event_type": "a", "dropped": 1, "n": "x"}, {"event_type": "a"}]))
+    plan = _plan(tmp_path, warehouse, dest, stage)
+    plan.split_done = frozenset({(splits[0].key, "pg", "a")})
+    result = _run(plan, splits)
+    assert _counts(result) == {"a": (0, 1)}
+    assert result.staged == [] and result.errors == {}
+
+
+def test_a_pair_giving_up_sends_only_the_failures_of_its_done_splits_to_failed(
+    tmp_path: Path, warehouse: PostgresWarehouse, dest: PostgresDestination, pg_schema: str
+) -> None:
+    stage = RecordingStage(set())
+    events = [{"event_type": "a", "n": 1}, {"event_type": "a", "n": "x"}, {"event_type": "a", "n": 2}]
+    path = _log(tmp_path, events)
+    half = len(orjson.dumps(events[0]) + b"\n") * 2 + 1
+    splits = [Split(str(path), 0, half), Split(str(path), half, path.stat().st_size)]
+    plan = _plan(tmp_path, warehouse, dest, stage)
+    plan.split_done = frozenset({(splits[0].key, "pg", "a")})  # its row n=1 is in the table
+    plan.give_up = {("log", "pg"): {"a": "gave up"}}
+    result = _run(plan, splits)
+    assert _counts(result) == {"a": (0, 2)}
+    (spool,) = [c.spool for c in result.counts if c.spool]
+    errors = [orjson.loads(line)["error"] for line in Path(spool).read_bytes().splitlines()]
+    assert errors == ["column 'n': value 'x' does not fit a INT64 column", "gave up"]
+    assert result.direct == [] and stage.written == []

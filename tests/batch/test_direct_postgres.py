@@ -225,3 +225,30 @@ def test_passes_into_an_existing_table_write_it_directly_and_a_new_column_is_sta
         ("c1", "new column")
     ]
     assert pg_rows(pg_schema, "SELECT count(*), count(DISTINCT eventn_ctx_event_id) FROM t") == [(9, 9)]
+
+
+def test_rows_telling_their_python_types_are_copied_with_one_encoder_per_column(
+    warehouse: PostgresWarehouse, pg_schema: str
+) -> None:
+    kinds = [str, int, float, bool, str, str]
+    rows = DirectRows(
+        list(COLUMNS),
+        [["a", 2**63 - 1, 1.5e19, True, "2024-03-01T12:00:00+02:00", "2024-03-01T10:00:00Z"], ["b", None, -0.25]],
+        kinds,
+    )
+    writer = warehouse.direct_target("job1").open()
+    try:
+        writer.write_split(SPLIT, {"events": rows})
+    finally:
+        writer.close()
+    assert rows_of(pg_schema, "events") == [
+        (
+            "a",
+            2**63 - 1,
+            Decimal("1.5E+19"),
+            True,
+            dt.datetime(2024, 3, 1, 10, tzinfo=dt.UTC),
+            dt.datetime(2024, 3, 1, 10),
+        ),
+        ("b", None, Decimal("-0.25"), None, None, None),
+    ]

@@ -73,14 +73,28 @@ def test_known_splits_are_kept_and_the_gaps_cut_by_the_rule(tmp_path: Path, monk
     (log,) = _logs(tmp_path, {"a": 40})
     # Markers of a pass that cut with another size; (5, 9) overlaps (3, 7), (38, 41) runs past the end.
     known = {"a": [(3, 7), (20, 33), (5, 9), (38, 41)], "other": [(0, 2)]}
+    # The gaps are cut at the rule's boundaries for the whole log (10, 20, 30).
     assert _ranges(plan_splits([log], known)) == [
         ("a", 0, 3),
         ("a", 3, 7),
-        ("a", 7, 14),
-        ("a", 14, 20),
+        ("a", 7, 10),
+        ("a", 10, 20),
         ("a", 20, 33),
         ("a", 33, 40),
     ]
+
+
+@pytest.mark.parametrize("size", [10, 13, 21, 24])
+def test_any_of_the_rules_own_splits_known_gives_the_rules_cut(tmp_path: Path, monkeypatch: Any, size: int) -> None:
+    """A pass knowing the markers of some destinations only (the others not due) must cut the
+    splits the others wrote exactly as they were, or their markers would not be kept later on."""
+    monkeypatch.setattr(splits_module, "SPLIT_BYTES", 4)
+    (log,) = _logs(tmp_path, {"a": size})
+    rule = [(s.start, s.end) for s in plan_splits([log])]
+    assert len(rule) == -(-size // 4)
+    for mask in range(2 ** len(rule)):
+        known = {"a": [r for index, r in enumerate(rule) if mask >> index & 1]}
+        assert [(s.start, s.end) for s in plan_splits([log], known)] == rule, known
 
 
 def test_split_keys_give_back_their_range(tmp_path: Path) -> None:

@@ -7,10 +7,14 @@ markers, at its end (`DirectWriter.write_split`). Values are checked and normali
 `ChunkBuffer` does against an existing table's types (`to_stage`), plus what the staged path
 leaves to the commit's CAST: the range of `integer`/`smallint`/`numeric(p,s)`, the length of a
 `varchar(n)` (cut, as a CAST cuts), the offset of a timestamp going to a `timestamp` column
-(converted to UTC: Postgres ignores the offset of a value for a column without time zone).
+(converted to UTC: Postgres ignores the offset of a value for a column without time zone),
+text holding U+0000 (which Postgres text cannot store: it would fail the whole split).
 
 A row with a field the table lacks cannot be written directly: `DirectBuffer.add` returns
 `STAGE` and the task stages the (split, table) as before (`PartitionTask.stage_split`).
+
+After the check, every value of a column is of one Python type (`DirectColumns.types`): the
+writer picks each column's encoder once (`DirectRows.kinds`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,16 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _NUMERIC = re.compile(r"numeric(?:\((\d+),(\d+)\))?", re.ASCII)
 _VARCHAR = re.compile(r"character varying(?:\((\d+)\))?", re.ASCII)
 _INTEGERS = {"integer": (-(2**31), 2**31 - 1), "smallint": (-(2**15), 2**15 - 1)}
+_NUL = "\x00"
+_NUL_ERROR = "text cannot hold the character U+0000 (NUL)"
+# The Python type of a column's values once checked, by the DataType its SQL type reads as.
+_VALUE_TYPES: dict[DataType, type] = {
+    DataType.BOOL: bool,
+    DataType.INT64: int,
+    DataType.FLOAT64: float,
+    DataType.STRING: str,
+    DataType.TIMESTAMP: str,
+}
 
 Check = Callable[[Any], Any]
 """A column's check: the value as the column takes it (bool, int, float or str); ValueError when
@@ -57,9 +71,11 @@ class _Bounded:
 class DirectColumns:
     """The checks of the columns of a table written directly (`direct_columns`)."""
 
-    __slots__ = ("bounds", "checks", "kinds")
+    __slots__ = ("bounds", "checks", "kinds", "types")
 
-    def __init__(self, kinds: dict[str, type], checks: dict[str, Check], bounds: dict[str, float]) -> None:
+    def __init__(
+        self, kinds: dict[str, type], checks: dict[str, Check], bounds: dict[str, float], types: dict[str, type]
+    ) -> None:
         self.kinds = kinds
         """Column → the Python type of values that need no work (`_Zoned`, `_Utc`: text parsed
         inline; `_Bounded`: floats compared inline; `_Checked`: none)."""
@@ -67,6 +83,8 @@ class DirectColumns:
         """Column → its check, for the other values."""
         self.bounds = bounds
         """`numeric(p,s)` column → the bound of its floats (exclusive, both signs)."""
+        self.types = types
+        """Column → the Python type of its values once checked (bool, int, float or str)."""
 
 
 def direct_columns(sql_types: Mapping[str, str], types: Mapping[str, DataType | None]) -> DirectColumns | None:
@@ -75,14 +93,17 @@ def direct_columns(sql_types: Mapping[str, str], types: Mapping[str, DataType | 
     kinds: dict[str, type] = {}
     checks: dict[str, Check] = {}
     bounds: dict[str, float] = {}
+    value_types: dict[str, type] = {}
     for name, sql_type in sql_types.items():
-        found = _column(sql_type.strip().lower(), types.get(name))
-        if found is None:
+        data_type = types.get(name)
+        found = _column(sql_type.strip().lower(), data_type)
+        if found is None or data_type is None:
             return None
         kinds[name], checks[name] = found
+        value_types[name] = _VALUE_TYPES[data_type]  # each check returns this type (`_column`)
         if kinds[name] is _Bounded:
             bounds[name] = checks[name].limit  # type: ignore[attr-defined]
-    return DirectColumns(kinds, checks, bounds)
+    return DirectColumns(kinds, checks, bounds, value_types)
 
 
 def _column(sql_type: str, data_type: DataType | None) -> tuple[type, Check] | None:
@@ -96,7 +117,7 @@ def _column(sql_type: str, data_type: DataType | None) -> tuple[type, Check] | N
     if sql_type == "double precision" and data_type is DataType.FLOAT64:
         return float, _staged(DataType.FLOAT64)
     if sql_type == "text" and data_type is DataType.STRING:
-        return str, _staged(DataType.STRING)
+        return str, _text()
     if sql_type in ("timestamp without time zone", "timestamp") and data_type is DataType.TIMESTAMP:
         return _Utc, _timestamp(zoned=False)
     if sql_type in ("timestamp with time zone", "timestamptz") and data_type is DataType.TIMESTAMP:
@@ -109,7 +130,7 @@ def _column(sql_type: str, data_type: DataType | None) -> tuple[type, Check] | N
     varchar = _VARCHAR.fullmatch(sql_type)
     if varchar is not None and data_type is DataType.STRING:
         if varchar.group(1) is None:
-            return str, _staged(DataType.STRING)
+            return str, _text()
         return _Checked, _cut(int(varchar.group(1)))
     return None
 
@@ -117,6 +138,18 @@ def _column(sql_type: str, data_type: DataType | None) -> tuple[type, Check] | N
 def _staged(data_type: DataType) -> Check:
     def check(value: Any) -> Any:
         return to_stage(value, data_type)
+
+    return check
+
+
+def _text() -> Check:
+    to_text = _staged(DataType.STRING)
+
+    def check(value: Any) -> Any:
+        text = to_text(value)
+        if _NUL in text:
+            raise ValueError(_NUL_ERROR)
+        return text
 
     return check
 
@@ -157,6 +190,8 @@ def _cut(length: int) -> Check:
     def check(value: Any) -> Any:
         # Longer text is cut, as the staged path's CAST to varchar(n) cuts it.
         text = value if type(value) is str else to_text(value)
+        if _NUL in text:
+            raise ValueError(_NUL_ERROR)
         return text if len(text) <= length else text[:length]
 
     return check
@@ -182,13 +217,25 @@ class DirectBuffer:
     far in the split (a row made before a column came is shorter: NULL there). The list is made
     when the row is taken, while its dict is still in the CPU cache, and the dict is freed."""
 
-    __slots__ = ("bounds", "checks", "columns", "count", "keep", "kinds", "rows", "table", "table_kinds")
+    __slots__ = (
+        "bounds",
+        "checks",
+        "columns",
+        "count",
+        "keep",
+        "kinds",
+        "rows",
+        "table",
+        "table_kinds",
+        "value_types",
+    )
 
     def __init__(self, table: str, columns: DirectColumns, keep: bool = True) -> None:
         self.table = table
         self.table_kinds = columns.kinds
         self.checks = columns.checks
         self.bounds = columns.bounds
+        self.value_types = columns.types
         self.keep = keep
         self.kinds: dict[str, type] = {}
         """`table_kinds` of the columns in `columns`: a field not in it takes the slow path once."""
@@ -202,7 +249,8 @@ class DirectBuffer:
     def add(self, values: dict[str, Any], casts: Mapping[str, str], seq: int = 0) -> str | None:
         """Takes the row (its dict may be changed), or returns why it does not fit, or `STAGE`
         when the table lacks one of its fields (a null adds no column: left out, as staging
-        leaves it)."""
+        leaves it). Without `keep` (a split written already) such a field is passed over and the
+        other values are checked still: a row whose value failed then must fail again."""
         kinds = self.kinds
         for name, value in values.items():
             # Fast path, most values: already of the column's kind (int: within bigint).
@@ -212,7 +260,10 @@ class DirectBuffer:
             except KeyError:
                 expect = None
             if kind is expect:
-                if kind is not int or _INT64_MIN <= value <= _INT64_MAX:
+                if kind is str:
+                    if _NUL not in value:  # Postgres text cannot store U+0000: the check fails it
+                        continue
+                elif kind is not int or _INT64_MIN <= value <= _INT64_MAX:
                     continue
             elif (
                 value is None
@@ -225,7 +276,9 @@ class DirectBuffer:
             if expect is None:
                 found = self.table_kinds.get(name)
                 if found is None:
-                    return STAGE
+                    if self.keep:
+                        return STAGE
+                    continue  # written already: the table had the column then
                 kinds[name] = found  # a column's first value in this split
                 self.columns.append(name)
             try:
@@ -240,7 +293,7 @@ class DirectBuffer:
     def take(self) -> DirectRows:
         """The kept rows (then empty)."""
         rows, self.rows = self.rows, []
-        return DirectRows(list(self.columns), rows)
+        return DirectRows(list(self.columns), rows, [self.value_types[name] for name in self.columns])
 
     def dicts(self) -> list[dict[str, Any]]:
         """The kept rows as the chain made them (less their nulls), for staging (then empty)."""

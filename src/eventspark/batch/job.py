@@ -74,6 +74,7 @@ from eventspark.steps.typing import BatchHeader, DataType
 log = logging.getLogger(__name__)
 
 STALE_STAGE_SECONDS = 24 * 3600
+TASKS_PER_CORE = 4
 
 _Key = tuple[str, str]
 """(log name, destination id)."""
@@ -553,8 +554,12 @@ class BatchJob:
         def task(index: int, mine: Iterator[Split]) -> list[TaskResult]:
             return process_splits(plan, index, mine)
 
-        # One split per task; only each task's TaskResult comes back to the driver.
-        results = context.parallelize(splits, len(splits)).mapPartitionsWithIndex(task).collect()
+        # Consecutive splits grouped into at most TASKS_PER_CORE tasks per core: a task costs the
+        # JVM ~20 ms and the Python worker more, so one task per 16 MiB split spent ~17 % of a
+        # pass's CPU on tasks (measured on 600k events: 41 tasks → 8). Each split still commits
+        # alone (markers, memory). Only each task's TaskResult comes back to the driver.
+        tasks = min(len(splits), TASKS_PER_CORE * context.defaultParallelism)
+        results = context.parallelize(splits, tasks).mapPartitionsWithIndex(task).collect()
         collected = _Collected()
         for result in results:
             _fold(collected, result)

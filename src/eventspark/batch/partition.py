@@ -15,6 +15,9 @@ Each (split, destination, table) is in one of three states, decided by its first
   its first row with a field the table lacks (`stage_split`).
 - DONE: an earlier pass wrote the split directly (`JobPlan.split_done`): rows are checked, so that
   failed events are spooled again (their pair is not settled yet), but neither kept nor counted.
+  Whatever the table is now (changed types, a primary key, a destination given primary keys or
+  giving up): its rows are in it, checked against the table's types as a direct write checks
+  them, or as staging does when the table cannot be written directly any more (`_Checking`).
 """
 
 from __future__ import annotations
@@ -318,10 +321,16 @@ class PartitionTask:
     def target(self, file: str, dest_id: str, table: str) -> Target | str | None:
         if table in self.plan.done.get((file, dest_id), ()):
             return None
+        split_done = self.plan.split_done
+        if split_done and (self.split_key, dest_id, table) in split_done:
+            # Before a give-up: the rows of the split are in the table, only its failures go to failed/.
+            return self.done_target(file, dest_id, table)
         given_up = self.plan.give_up.get((file, dest_id)) if self.plan.give_up else None
         if given_up:
             reason = given_up.get(table) or given_up.get(NO_TABLE)
             if reason:
+                if split_done:  # another split of the log may be DONE: decided again per split
+                    self.split_targets.append((file, dest_id, table))
                 return reason
         objects = self.plan.objects.get(dest_id) if self.plan.objects else None
         if objects is not None:
@@ -333,16 +342,26 @@ class PartitionTask:
                 return found
         return self.buffer(dest_id, table), self.count(file, dest_id, table), self.plan.chunk_rows
 
+    def done_target(self, file: str, dest_id: str, table: str) -> Target:
+        """The DONE target of a (split, table) written by an earlier pass: checks rows, keeps none."""
+        self.split_targets.append((file, dest_id, table))
+        self.count(file, dest_id, table)  # rows 0: the pair still gets an outcome
+        columns = self.direct_columns(dest_id, table) if dest_id in self.plan.direct else None
+        if columns is not None:
+            return DirectBuffer(table, columns, keep=False), [0, 0, 0], _WHOLE_SPLIT
+        # The table cannot be written directly now (its types changed, a primary key came): its
+        # rows are checked as staging checks them against the table's types. Written without a
+        # primary key, so none is asked of them.
+        existing = self.plan.existing.get(dest_id, {}).get(table)
+        layout = self.plan.destinations[dest_id].data_layout
+        unmapped = UnmappedRule.of(layout, layout.max_columns or self.plan.max_columns)
+        checking = _Checking(chunk_buffer(table, existing, (), False, unmapped), self.plan.chunk_rows)
+        return cast(ChunkBuffer, checking), [0, 0, 0], _WHOLE_SPLIT
+
     def direct_target(self, file: str, dest_id: str, table: str) -> Target | None:
-        """The DIRECT or DONE target of the (split, table); None when the table is staged."""
+        """The DIRECT target of the (split, table); None when the table is staged."""
         key = (file, dest_id, table)
         columns = self.direct_columns(dest_id, table)
-        if (self.split_key, dest_id, table) in self.plan.split_done:
-            self.split_targets.append(key)
-            counts = self.count(file, dest_id, table)  # rows 0: the pair still gets an outcome
-            if columns is None:  # the table changed since: rows are not checked
-                return _Written(), counts, _WHOLE_SPLIT
-            return DirectBuffer(table, columns, keep=False), [0, 0, 0], _WHOLE_SPLIT
         if columns is None:
             return None
         self.split_targets.append(key)
@@ -549,12 +568,22 @@ class PartitionTask:
             handle.close()
 
 
-class _Written:
-    """The buffer of a DONE (split, table) whose table cannot be checked any more (it changed
-    since the split was written): takes every row, keeps none."""
+class _Checking:
+    """The buffer of a DONE (split, table) whose table cannot be written directly any more: each
+    row is checked by a ChunkBuffer against the table's types; none is kept (its rows are dropped
+    every `rows`)."""
+
+    __slots__ = ("buffer", "rows")
+
+    def __init__(self, buffer: ChunkBuffer, rows: int) -> None:
+        self.buffer = buffer
+        self.rows = rows
 
     def add(self, values: dict[str, Any], casts: Any, seq: int = 0) -> str | None:
-        return None
+        error = self.buffer.add(values, casts, seq)
+        if len(self.buffer) >= self.rows:
+            self.buffer.take()
+        return error
 
     def __len__(self) -> int:
         return 0

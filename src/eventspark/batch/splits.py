@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 SPLIT_BYTES = 16 * 1024 * 1024
@@ -43,33 +44,45 @@ def plan_splits(logs: list[Path], known: Mapping[str, Iterable[tuple[int, int]]]
     same splits and finds their load markers.
 
     `known`: log name → (start, end) of splits that have load markers already (`Split.key`s read
-    by the driver); they are kept as they are and the gaps between them are cut by the same rule,
-    so a change of SPLIT_BYTES across an upgrade never cuts a committed split differently. A
-    known range that overlaps an earlier one or runs past the end of its log is not kept.
+    by the driver); they are kept as they are, so a change of SPLIT_BYTES across an upgrade never
+    cuts a committed split differently. The gaps between them are cut at the rule's boundaries for
+    the whole log: a pass that knows the markers of some destinations only (the others not due)
+    cuts the splits the others wrote exactly as they were, never across them. A known range that
+    overlaps an earlier one or runs past the end of its log is not kept.
 
     Splits come in the order of `logs`, then of offsets: task ids follow the order of the events.
     """
     splits: list[Split] = []
     for path in logs:
         total = path.stat().st_size
+        cuts = _cuts(total)
         position = 0
         for start, end in sorted((known or {}).get(path.name, ())):
             if start < position or end > total or end <= start:
                 continue
-            splits += _cut(str(path), position, start)
+            splits += _gap(str(path), position, start, cuts)
             splits.append(Split(str(path), start, end))
             position = end
-        splits += _cut(str(path), position, total)
+        splits += _gap(str(path), position, total, cuts)
     return splits
 
 
-def _cut(path: str, start: int, end: int) -> list[Split]:
-    """[start, end) in ceil(size / SPLIT_BYTES) pieces of equal size (the last one maybe smaller)."""
-    size = end - start
+def _cuts(size: int) -> range:
+    """The inner boundaries of [0, size) cut in ceil(size / SPLIT_BYTES) pieces of equal size (the
+    last one maybe smaller)."""
     if size <= 0:
-        return []
+        return range(0)
     step = -(-size // -(-size // SPLIT_BYTES))
-    return [Split(path, offset, min(offset + step, end)) for offset in range(start, end, step)]
+    return range(step, size, step)
+
+
+def _gap(path: str, start: int, end: int, cuts: range) -> list[Split]:
+    """[start, end) cut at the boundaries of `cuts` inside it."""
+    if end <= start:
+        return []
+    inner = [cut for cut in cuts if start < cut < end]
+    bounds = [start, *inner, end]
+    return [Split(path, low, high) for low, high in pairwise(bounds)]
 
 
 def split_range(key: str) -> tuple[str, int, int]:

@@ -151,6 +151,9 @@ class DirectRows:
 
     columns: list[str]
     rows: list[list[Any]]
+    kinds: list[type] | None = None
+    """Per column (in `columns` order), the one Python type (bool, int, float or str) of all its
+    values, None aside: the writer may pick each column's encoder once instead of per value."""
 
 
 class DirectWriter(Protocol):
