@@ -6,8 +6,10 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventspark.batch.chunks import ChunkBuffer, to_stage
+from eventspark.batch.chunks import ChunkBuffer, chunk_buffer, text_holds_nul, to_stage
 from eventspark.destinations.base import ORDER_COLUMN
+from eventspark.destinations.postgres.client import PostgresStageTarget
+from eventspark.steps.diff import UnmappedRule
 from eventspark.steps.typing import DataType
 
 B, INT, F, T, S = DataType.BOOL, DataType.INT64, DataType.FLOAT64, DataType.TIMESTAMP, DataType.STRING
@@ -177,3 +179,45 @@ def test_int_then_float_needs_no_second_json_encoding_but_bool_then_float_does()
     assert buffer.add({"q": True}, {}) is None and buffer.add({"q": 2.5}, {}) is None
     columns, lines, _ = buffer.take_json()
     assert columns == {"q": F} and [orjson.loads(line) for line in lines.splitlines()] == [{"q": 1.0}, {"q": 2.5}]
+
+
+NUL_ERROR = "text cannot hold the character U+0000 (NUL)"
+
+
+def test_where_text_cannot_hold_nul_a_str_holding_it_fails_its_event_alone() -> None:
+    """Postgres text cannot store U+0000: in the stage's COPY it would fail the whole chunk."""
+    buffer = ChunkBuffer("t", {"label": S, "n": INT}, holds_nul=False)
+    assert buffer.add({"label": "a", "fresh": "b", "n": 1}, {}) is None  # each column's first value
+    for column, row in [
+        ("label", {"label": "a\x00"}),  # fast path: a column of the table, a str seen before
+        ("fresh", {"fresh": "\x00b"}),  # fast path: a column new to the table
+        ("other", {"label": "ok", "other": "x\x00y"}),  # slow path: the column's first value
+        ("code", {"code": "a\x00"}),  # slow path, cast to a literal type
+    ]:
+        assert buffer.add(row, {"code": "varchar(8)"}) == f"column {column!r}: {NUL_ERROR}"
+    assert buffer.add({"n": "1\x00"}, {}) == f"column 'n': {NUL_ERROR}"  # whatever the column's type
+    # A structure staged as JSON text holds the escape `\u0000`, not the character.
+    assert buffer.add({"label": {"k": "v\x00"}, "fresh": "c"}, {}) is None
+    columns, rows, _ = buffer.take()
+    assert list(columns) == ["label", "fresh", "n"]  # no column typed for a failed event alone
+    assert rows == [["a", "b", 1], ['{"k":"v\\u0000"}', "c", None]]
+
+
+def test_elsewhere_text_holding_nul_is_staged() -> None:
+    rows = [{"label": "a\x00"}, {"label": "b\x00", "fresh": "\x00"}]
+    for json_lines in (False, True):
+        buffer = chunk_buffer("t", {"label": S}, (), json_lines, None)
+        assert all(buffer.add(dict(row), {}) is None for row in rows)
+        if json_lines:
+            assert [orjson.loads(line) for line in buffer.take_json()[1].splitlines()] == rows
+        else:
+            assert buffer.take()[1] == [["a\x00", None], ["b\x00", "\x00"]]
+
+
+def test_the_stage_target_tells_whether_text_holds_nul() -> None:
+    assert text_holds_nul(PostgresStageTarget("host=nowhere", "s", "job")) is False
+    assert text_holds_nul(object()) is True  # a stage that does not say: every other warehouse stores it
+    rule = UnmappedRule("_unmapped", 0, freeze=True)
+    unmapped = chunk_buffer("t", {"label": S}, (), False, rule, holds_nul=False)
+    assert type(unmapped) is not ChunkBuffer  # the subclass for a full table passes the flag on
+    assert unmapped.add({"label": "a\x00"}, {}) == f"column 'label': {NUL_ERROR}"

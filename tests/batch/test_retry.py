@@ -14,7 +14,9 @@ import orjson
 import pytest
 
 from eventspark.batch import job as job_module
+from eventspark.batch import splits as splits_module
 from eventspark.batch.job import BatchJob, JobResult
+from eventspark.batch.splits import plan_splits, read_split
 from eventspark.collector.metrics import render
 from eventspark.config import LoadedConfig
 from eventspark.coordination import MemoryCoordination
@@ -193,6 +195,44 @@ def test_an_unreachable_destination_waits_then_gives_up_without_a_connection(
     ]
 
 
+def test_splits_written_directly_stay_out_of_failed_when_their_destination_gives_up_unreached(
+    spark: Any, tmp_path: Path, pg_datasource: dict[str, Any], pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    retry = {"base_sec": 10, "max_sec": 10, "max_age_hours": 0.01}  # 36 s
+    pg = {**postgres_destination(pg_datasource, template="t"), "retry": retry}
+    loaded = make_config(tmp_path, {"pg": pg})
+    put_log(tmp_path, [event("a0", n=0)])
+    assert run(spark, loaded, T0 - 100).ok  # creates the table: the next log's splits are written directly
+    monkeypatch.setattr(splits_module, "SPLIT_BYTES", 200)
+    lines = [event("b0", n=1), event("bx", n="x"), event("b1", n=2), event("c0", n=3, extra="new column")]
+    log = put_log(tmp_path, lines)
+    first, second = plan_splits([log])
+    assert [[orjson.loads(line)["eventn_ctx"]["event_id"] for line in read_split(s)] for s in (first, second)] == [
+        ["b0", "bx", "b1"],
+        ["c0"],
+    ]
+    warehouse = Warehouse()
+    warehouse.down = True  # the new column's split is staged, and its commit fails
+
+    assert not run(spark, loaded, T0, warehouse).ok
+
+    failing = read_status(log)["pg"]["t"]
+    assert failing.written == (first.key,) and failing.columns["n"] == "bigint"  # with its marker, in the table
+    assert pg_rows(pg_schema, "SELECT eventn_ctx_event_id FROM t ORDER BY 1") == [("a0",), ("b0",), ("b1",)]
+    down = make_config(tmp_path, {"pg": {**pg, "datasource": {**pg_datasource, "port": 1}}})
+    assert not run(spark, down, T0 + 20).ok  # unreachable: waits, its splits still known
+    assert read_status(log)["pg"]["t"].written == (first.key,)
+
+    last = run(spark, down, T0 + 40)  # unreachable past the maximum age: gives up, markers unread
+
+    assert last.gave_up == {"pg": 2} and not log.exists()
+    # b0, b1 are in the table; bx, which did not fit when its split was written, is checked again
+    # against the column types the status file recorded.
+    reasons = {f["event_id"]: f["error"] for f in failed_lines(tmp_path, "pg")}
+    assert reasons.keys() == {"bx", "c0"} and "column 'n'" in reasons["bx"]
+    assert reasons["c0"] == "gave up after 1 attempt in 40 s: warehouse gone"  # its table's last error
+
+
 def test_status_files_keep_the_counters_and_older_files_still_read(tmp_path: Path) -> None:
     log = tmp_path / "incoming.tok=web-2020-08-02T18-00-00.000.log"
     failing = PairStatus(False, "refused", 2, 10.0, 20.0, 80.0)
@@ -219,3 +259,25 @@ def test_status_files_keep_the_counters_and_older_files_still_read(tmp_path: Pat
     assert again["pg"]["t"] == PairStatus(False, "timeout", 3, 10.0, 50.0, 80.0)
     settled = merge_status({"pg": {"u": given_up}}, {"pg": {"u": PairStatus(False, "late", 1, 60.0, 60.0)}})
     assert settled["pg"]["u"] == given_up  # a given-up pair never goes back to failing
+
+
+def test_status_files_keep_the_splits_written_directly_while_their_pair_is_not_settled(tmp_path: Path) -> None:
+    log = tmp_path / "incoming.tok=web-2020-08-02T18-00-00.000.log"
+    failing = PairStatus(False, "refused", 1, 10.0, 10.0, 20.0, written=(f"{log.name}@0-10",), columns={"n": "bigint"})
+    done = PairStatus(True, written=(f"{log.name}@10-20",), columns={"n": "bigint"})
+    write_status(log, {"pg": {"t": failing, "v": done}})
+
+    raw = orjson.loads(status_path(log).read_bytes())
+    assert raw["pg"]["t"]["written"] == [f"{log.name}@0-10"] and raw["pg"]["t"]["columns"] == {"n": "bigint"}
+    assert raw["pg"]["v"] == {"uploaded": True, "error": ""}
+    assert read_status(log)["pg"]["t"] == failing
+    assert parse_status({"pg": {"t": {"uploaded": False, "written": [f"{log.name}@0-10", 3]}}})["pg"]["t"].written == (
+        f"{log.name}@0-10",
+    )
+    later = PairStatus(False, "timeout", 1, 30.0, 30.0, written=(f"{log.name}@10-20",))
+    again = merge_status({"pg": {"t": failing}}, {"pg": {"t": later}})
+    assert again["pg"]["t"].written == (f"{log.name}@0-10", f"{log.name}@10-20")
+    deferred = merge_status({"pg": {"t": failing}}, {"pg": {"t": PairStatus(False, "locked")}})
+    assert deferred["pg"]["t"].written == (f"{log.name}@0-10",)
+    uploaded = merge_status({"pg": {"t": failing}}, {"pg": {"t": PairStatus(True)}})
+    assert uploaded["pg"]["t"] == PairStatus(True)

@@ -255,7 +255,9 @@ def test_an_executor_killed_around_a_split_commit_then_rerun_leaves_every_event_
     if fault.startswith("kill-before-commit"):
         assert (written, markers) == (Counter(), []), "killed before its commit, yet a split is in Postgres"
     else:
-        assert len(markers) == 1 and 0 < sum(written.values()) < LOADED, (markers, written)
+        # Usually one split: Spark may start the next task on a fresh Python worker before it
+        # aborts the job, and that worker's first commit kills it too (seen once under load).
+        assert markers and 0 < sum(written.values()) < LOADED, (markers, written)
         assert max(written.values()) == 1
     assert Counter(duck_ids(tmp_path)) == warm, "DuckDB is staged: nothing of the failed pass is committed"
 

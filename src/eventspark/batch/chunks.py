@@ -17,6 +17,10 @@ memory of one event is reused by the next instead of a chunk's worth of objects 
 page-faulted in and freed per chunk. When a column was promoted later in the chunk (int, then
 text), `take_json` decodes every line and encodes again those holding a value to convert; not
 for int, then float: a JSON number is read as either.
+
+Where the stage's text cannot hold U+0000 (its target's `text_holds_nul` is False: Postgres), a str
+value holding it fails its event, as on the direct path (`batch.direct`): in the stage's COPY it
+would fail the whole chunk, and the pair with it on every retry.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ _STAGE_KIND: dict[DataType, type] = {
     DataType.STRING: str,
 }
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_NUL = "\x00"
+_NUL_ERROR = "text cannot hold the character U+0000 (NUL)"
 
 
 class _TimestampText:
@@ -67,6 +73,14 @@ _SAME_KIND: dict[DataType | None, type] = {
     DataType.STRING: str,
     DataType.TIMESTAMP: _TimestampText,
 }
+
+
+class _NulFreeText:
+    """The kind of a STRING column's values where text cannot hold U+0000: str, without it."""
+
+
+# `_SAME_KIND` for a stage whose text cannot hold U+0000: a str value is searched for it first.
+_SAME_KIND_NUL_FREE: dict[DataType | None, type] = {**_SAME_KIND, DataType.STRING: _NulFreeText}
 
 
 def to_stage(value: Any, stage: DataType) -> Any:
@@ -90,9 +104,11 @@ class ChunkBuffer:
         "lines",
         "literal_checks",
         "mixed",
+        "nul_free",
         "primary_keys",
         "recode",
         "rows",
+        "same_kind",
         "seqs",
         "short_rows",
         "sql_types",
@@ -106,6 +122,7 @@ class ChunkBuffer:
         existing: Mapping[str, DataType | None] | None,
         primary_keys: tuple[str, ...] = (),
         json_lines: bool = False,
+        holds_nul: bool = True,
     ) -> None:
         self.table = table
         self.existing: Mapping[str, DataType | None] = existing or {}
@@ -131,6 +148,9 @@ class ChunkBuffer:
         self.literal_checks: dict[str, LiteralCheck] = {}
         # Each row as a JSON object and a newline, when the stage reads them.
         self.lines: bytearray | None = bytearray() if json_lines else None
+        # Whether a str value holding U+0000 fails its event (not `text_holds_nul(stage)`).
+        self.nul_free = not holds_nul
+        self.same_kind = _SAME_KIND_NUL_FREE if self.nul_free else _SAME_KIND
 
     def __len__(self) -> int:
         return self.count
@@ -156,8 +176,13 @@ class ChunkBuffer:
             if kind is expect:
                 if kind is not int or _INT64_MIN <= value <= _INT64_MAX:
                     continue
+            elif expect is _NulFreeText:  # only where text cannot hold U+0000: a search per str
+                if kind is str and "\x00" not in value:  # a constant: faster than the global _NUL
+                    continue
             elif expect is _TimestampText and kind is str and is_timestamp(value):
                 continue
+            if kind is str and self.nul_free and _NUL in value:  # before a new column is typed for it
+                return f"column {name!r}: {_NUL_ERROR}"
             error = self._add_value(values, name, value, casts)
             if error is not None:
                 return error
@@ -232,7 +257,7 @@ class ChunkBuffer:
 
     def _set_type(self, name: str, data_type: DataType) -> None:
         self.types[name] = data_type
-        self.kinds[name] = _SAME_KIND.get(data_type)
+        self.kinds[name] = self.same_kind.get(data_type)
 
     def _fit(self, values: dict[str, Any], name: str, value: Any, stage: DataType) -> str | None:
         if self.types.get(name) is not stage:
@@ -322,8 +347,9 @@ class UnmappedChunkBuffer(ChunkBuffer):
         primary_keys: tuple[str, ...],
         json_lines: bool,
         unmapped: UnmappedRule,
+        holds_nul: bool = True,
     ) -> None:
-        super().__init__(table, existing, primary_keys, json_lines)
+        super().__init__(table, existing, primary_keys, json_lines, holds_nul)
         self.unmapped = unmapped
 
     def add(self, values: dict[str, Any], casts: Mapping[str, str], seq: int = 0) -> str | None:
@@ -339,11 +365,19 @@ def chunk_buffer(
     primary_keys: tuple[str, ...],
     json_lines: bool,
     unmapped: UnmappedRule | None,
+    holds_nul: bool = True,
 ) -> ChunkBuffer:
-    """The buffer of a table: an UnmappedChunkBuffer once `unmapped` applies to it."""
+    """The buffer of a table: an UnmappedChunkBuffer once `unmapped` applies to it. Without
+    `holds_nul` (`text_holds_nul` of the stage), a str value holding U+0000 fails its event."""
     if unmapped is not None and existing is not None and unmapped.full(existing):
-        return UnmappedChunkBuffer(table, existing, primary_keys, json_lines, unmapped)
-    return ChunkBuffer(table, existing, primary_keys, json_lines)
+        return UnmappedChunkBuffer(table, existing, primary_keys, json_lines, unmapped, holds_nul)
+    return ChunkBuffer(table, existing, primary_keys, json_lines, holds_nul)
+
+
+def text_holds_nul(stage: object) -> bool:
+    """`stage.text_holds_nul`: False where text cannot hold U+0000 (Postgres); True when the stage
+    does not say (every other warehouse stores it)."""
+    return bool(getattr(stage, "text_holds_nul", True))
 
 
 def _convert_row(row: dict[str, Any], mixed: set[str], types: Mapping[str, DataType]) -> bool:

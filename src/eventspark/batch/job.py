@@ -15,7 +15,9 @@ Driver steps, in order:
    patch the table and commit the chunks (`batch.load`); a pair that fails is recorded FAILED with
    its attempts, and retried by the first pass after its back-off (`eventspark.retry`; before it,
    that pair of the log is not read, and a log with nothing due is not read at all); past the
-   policy's maximum age its events go to `failed/` with the reason instead (the pair *gave up*);
+   policy's maximum age its events go to `failed/` with the reason instead (the pair *gave up*),
+   but for the splits written directly before (their rows are in the table: the status file
+   records them, for a give-up that cannot reach the destination to read their markers);
 5. append the failed events of settled pairs to `failed/`, each line exactly once across crashes
    (parked before the commits, appended under a journal: `batch.failed_events`), write the status
    files, archive the logs whose every pair is settled.
@@ -50,6 +52,7 @@ from eventspark.destinations.base import (
     StageTarget,
     new_job_id,
 )
+from eventspark.destinations.registry import destination_type
 from eventspark.logs.archive import archive_log
 from eventspark.logs.replay import replay_destination
 from eventspark.logs.rotated import rotated_token
@@ -155,6 +158,8 @@ class _Collected:
     samples: list[str] = field(default_factory=list)
     sightings: dict[str, Sightings] = field(default_factory=dict)
     """Users recognition: per destination, the ids the tasks saw (`steps.recognition`)."""
+    written: dict[tuple[str, str, str], set[str]] = field(default_factory=lambda: defaultdict(set))
+    """(log, destination, table) → keys of the splits written directly this pass (`DirectResult`)."""
 
 
 @dataclass(slots=True)
@@ -173,7 +178,8 @@ class _Reached:
     primary_keys: tuple[str, ...] = ()
     recognition: tuple[str, tuple[str, ...]] | None = None
     split_markers: set[tuple[str, str]] = field(default_factory=set)
-    """(split key, table) of the per-split load markers of the job's logs (`loaded_splits`)."""
+    """(split key, table) of the per-split load markers of the job's logs (`loaded_splits`); of a
+    destination that cannot be reached, the splits the status files record (`_recorded`)."""
 
     @property
     def connected(self) -> bool:
@@ -400,6 +406,9 @@ class BatchJob:
         done, skip, give_up = self._plan_pairs(reached, names, statuses, schedule)
         staged = {dest_id: part for dest_id, part in reached.items() if part.stage is not None}
         direct = {dest_id: part for dest_id, part in staged.items() if part.direct is not None}
+        # Tables whose rows are checked as a direct write checks them: of the direct destinations,
+        # and those written directly before a give-up that cannot reach them (`_recorded`).
+        checked = {dest_id: part for dest_id, part in reached.items() if dest_id in direct or part.sql_types}
         return JobPlan(
             job_id=job_id,
             staging_dir=str(self.events_dir / "staging"),
@@ -412,12 +421,12 @@ class BatchJob:
             done=done,
             skip=skip,
             give_up=give_up,
-            existing={dest_id: part.existing for dest_id, part in staged.items()},
+            existing={dest_id: part.existing for dest_id, part in {**staged, **checked}.items()},
             primary_keys={dest_id: part.primary_keys for dest_id, part in staged.items()},
             stages={dest_id: part.stage for dest_id, part in staged.items() if part.stage is not None},
             objects={dest_id: part.objects for dest_id, part in reached.items() if part.objects is not None},
             direct={dest_id: part.direct for dest_id, part in direct.items() if part.direct is not None},
-            sql_types={dest_id: part.sql_types for dest_id, part in direct.items()},
+            sql_types={dest_id: part.sql_types for dest_id, part in checked.items()},
             split_done=_split_done(reached, splits),
             geo_path=self.config.geo.maxmind_path,
             max_columns=self.config.server.max_columns,
@@ -456,8 +465,9 @@ class BatchJob:
             except DestinationError as exc:
                 log.warning("destination %s is skipped this pass: %s", dest_id, exc)
                 dest_errors[dest_id] = str(exc)
-                if self._unreachable(dest_id, wanted, schedule, failed_events):
-                    reached[dest_id] = _Reached(dest)  # routed, chained, never staged
+                giving_up = self._unreachable(dest_id, wanted, schedule, failed_events)
+                if giving_up:  # routed, chained, never staged
+                    reached[dest_id] = _recorded(dest_id, dest, statuses, giving_up)
         return reached
 
     def _unreachable(
@@ -466,17 +476,17 @@ class BatchJob:
         wanted: list[str],
         schedule: _Schedule,
         failed_events: FailedEvents,
-    ) -> bool:
+    ) -> set[str]:
         """A destination this pass cannot reach: the logs whose retries of it are over give up
-        (the executors need no connection to send events to failed/: True, the job routes to it);
-        the others wait."""
+        (the executors need no connection to send events to failed/: returned, the job routes to
+        it); the others wait."""
         giving_up = {name for name in wanted if (name, dest_id) in schedule.whole}
         routed = [name for name in wanted if (name, dest_id) not in schedule.optional]
         schedule.unreached.update((name, dest_id) for name in routed if name not in giving_up)
         if not giving_up:
-            return False  # its parked groups wait for a pass that can read its load markers
+            return giving_up  # its parked groups wait for a pass that can read its load markers
         failed_events.settle_unreachable(dest_id, giving_up)
-        return True
+        return giving_up
 
     def _plan_pairs(
         self, reached: dict[str, _Reached], names: list[str], statuses: dict[str, LogStatus], schedule: _Schedule
@@ -621,6 +631,7 @@ class BatchJob:
             if table != NO_TABLE:
                 error = outcomes.get((dest_id, table), "")
                 tables[table] = _outcome(error, now)
+        _record_written(plan, collected, updates)
         for name in plan.file_tokens:
             for dest_id in plan.destinations:
                 if (name, dest_id) not in plan.skip:  # processed, maybe without any table: not read for it again
@@ -759,6 +770,7 @@ def _fold(collected: _Collected, result: TaskResult) -> None:
     for direct in result.direct:
         for table, rows in direct.rows.items():
             _pair(collected, direct.dest_id, table).direct_rows += rows
+            collected.written[direct.file, direct.dest_id, table].add(direct.split)
     collected.samples += [sample for _file, _dest_id, sample in result.samples]
     for dest_id, seen in result.sightings.items():
         collected.sightings.setdefault(dest_id, Sightings()).merge(seen)
@@ -793,6 +805,51 @@ def _split_done(reached: dict[str, _Reached], splits: list[Split]) -> frozenset[
             else:  # overlapping markers (`plan_splits` keeps the first): never made by a pass
                 log.warning("destination %s, table %s: load marker of split %s not kept", dest_id, table, key)
     return frozenset(done)
+
+
+def _record_written(plan: JobPlan, collected: _Collected, updates: dict[str, LogStatus]) -> None:
+    """Notes in the outcome of each pair left failing the splits written directly into its table
+    (this pass's and the earlier ones': `plan.split_done`) and the table's column types, so that a
+    pass that cannot read their load markers and the table still knows them (`_recorded`)."""
+    written: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+    for key, keys in collected.written.items():
+        written[key] |= keys
+    for split, dest_id, table in plan.split_done:
+        with contextlib.suppress(ValueError):
+            written[split_range(split)[0], dest_id, table].add(split)
+    for (name, dest_id, table), keys in written.items():
+        pair = updates.get(name, {}).get(dest_id, {}).get(table)
+        if pair is not None and not pair.settled:
+            pair.written = tuple(sorted(keys))
+            pair.columns = dict(plan.sql_types.get(dest_id, {}).get(table) or {})
+
+
+def _recorded(dest_id: str, dest: Any, statuses: dict[str, LogStatus], names: set[str]) -> _Reached:
+    """The part of a destination this pass cannot reach, whose logs `names` give up: routed,
+    never staged. The splits its executors wrote before, and the column types they were checked
+    against, come from the status files (`PairStatus.written`): their rows are in its tables, so
+    they are checked again as a direct write checks them, and only their failures go to failed/
+    (`_split_done`); the other events, with the give-up reason."""
+    part = _Reached(dest)
+    latest: dict[str, float] = {}
+    for name in names:
+        for table, pair in statuses[name].get(dest_id, {}).items():
+            if pair.settled or not pair.written:
+                continue
+            part.split_markers.update((key, table) for key in pair.written if key.startswith(f"{name}@"))
+            if pair.columns and pair.last_attempt >= latest.get(table, -1.0):  # the newest types read
+                latest[table] = pair.last_attempt
+                part.sql_types[table] = dict(pair.columns)
+    try:
+        dialect = destination_type(dest.type).dialect
+    except ValueError:  # a type the registry lost since: checked without the table's types
+        part.sql_types = {}
+        return part
+    part.existing = {
+        table: {column: dialect.data_type_of(sql_type) for column, sql_type in columns.items()}
+        for table, columns in part.sql_types.items()
+    }
+    return part
 
 
 def _expired(policy: RetryPolicy, pair: PairStatus, now: float) -> bool:

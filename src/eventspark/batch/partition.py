@@ -33,7 +33,7 @@ from typing import IO, Any, cast
 
 import orjson
 
-from eventspark.batch.chunks import ChunkBuffer, chunk_buffer
+from eventspark.batch.chunks import ChunkBuffer, chunk_buffer, text_holds_nul
 from eventspark.batch.direct import STAGE, DirectBuffer, DirectColumns, direct_columns
 from eventspark.batch.memory import keep_freed_memory
 from eventspark.batch.plan import JobPlan
@@ -346,7 +346,8 @@ class PartitionTask:
         """The DONE target of a (split, table) written by an earlier pass: checks rows, keeps none."""
         self.split_targets.append((file, dest_id, table))
         self.count(file, dest_id, table)  # rows 0: the pair still gets an outcome
-        columns = self.direct_columns(dest_id, table) if dest_id in self.plan.direct else None
+        # `sql_types`: also of a destination that gives up unreached, from the status files.
+        columns = self.direct_columns(dest_id, table) if dest_id in self.plan.sql_types else None
         if columns is not None:
             return DirectBuffer(table, columns, keep=False), [0, 0, 0], _WHOLE_SPLIT
         # The table cannot be written directly now (its types changed, a primary key came): its
@@ -355,7 +356,8 @@ class PartitionTask:
         existing = self.plan.existing.get(dest_id, {}).get(table)
         layout = self.plan.destinations[dest_id].data_layout
         unmapped = UnmappedRule.of(layout, layout.max_columns or self.plan.max_columns)
-        checking = _Checking(chunk_buffer(table, existing, (), False, unmapped), self.plan.chunk_rows)
+        buffer = chunk_buffer(table, existing, (), False, unmapped, holds_nul=False)  # as DirectBuffer: no U+0000
+        checking = _Checking(buffer, self.plan.chunk_rows)
         return cast(ChunkBuffer, checking), [0, 0, 0], _WHOLE_SPLIT
 
     def direct_target(self, file: str, dest_id: str, table: str) -> Target | None:
@@ -400,10 +402,11 @@ class PartitionTask:
         if buffer is None:
             existing = self.plan.existing.get(dest_id, {}).get(table)
             keys = self.plan.primary_keys.get(dest_id, ())
-            json_lines = self.plan.stages[dest_id].json_lines
+            stage = self.plan.stages[dest_id]
             layout = self.plan.destinations[dest_id].data_layout
             unmapped = UnmappedRule.of(layout, layout.max_columns or self.plan.max_columns)
-            buffer = self.buffers[key] = chunk_buffer(table, existing, keys, json_lines, unmapped)
+            holds_nul = text_holds_nul(stage)
+            buffer = self.buffers[key] = chunk_buffer(table, existing, keys, stage.json_lines, unmapped, holds_nul)
         return buffer
 
     def count(self, file: str, dest_id: str, table: str) -> list[int]:

@@ -9,12 +9,15 @@ A pair that failed also carries the retry policy's counters (`eventspark.retry`,
 EventNative ignores): `attempts`, `first_failed`, `last_attempt` and `next_attempt` (epoch
 seconds), and `gave_up: true` once its events went to `failed/` past the maximum age. Table ''
 (`NO_TABLE`) is the destination-wide pair: the destination could not be reached for the log.
+A pair not settled also lists the splits executors wrote straight into its table (`written`,
+`Split.key`s) and the table's column types they were checked against (`columns`): a pass that
+cannot reach the destination to read their load markers and its tables knows them.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,15 @@ class PairStatus:
     """Not retried before this time (epoch seconds); 0: at the next pass."""
     gave_up: bool = False
     """Past the retry policy's maximum age, its events went to `failed/`: settled, not loaded."""
+    written: tuple[str, ...] = ()
+    """Split keys (`Split.key`) written directly into the table, with their load markers, while the
+    pair is not settled: when the destination cannot be reached past the maximum age (its markers
+    unread), the give-up sends the other splits' events to `failed/`, not theirs (their rows are in
+    the table). Dropped once the pair is settled."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """With `written`: column → SQL type of the table when the pass last read it, so that the rows
+    of those splits are checked as a direct write checks them (their failures go to `failed/`)
+    by a pass that cannot read the table."""
 
     @property
     def settled(self) -> bool:
@@ -54,6 +66,10 @@ class PairStatus:
             )
         if self.gave_up:
             data["gave_up"] = True
+        if self.written and not self.settled:
+            data["written"] = sorted(self.written)
+            if self.columns:
+                data["columns"] = self.columns
         return data
 
     @classmethod
@@ -67,6 +83,8 @@ class PairStatus:
             _number(entry.get("last_attempt")),
             _number(entry.get("next_attempt")),
             entry.get("gave_up") is True,
+            _strings(entry.get("written")),
+            _string_map(entry.get("columns")),
         )
 
     def failed_again(self, later: PairStatus) -> PairStatus:
@@ -79,7 +97,25 @@ class PairStatus:
             min(firsts) if firsts else 0.0,
             max(self.last_attempt, later.last_attempt),
             max(self.next_attempt, later.next_attempt),
+            written=_union(self.written, later.written),
+            columns=later.columns or self.columns,
         )
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    """A list of strings read from a status file (anything else: none)."""
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
+
+
+def _string_map(value: Any) -> dict[str, str]:
+    """A JSON object of strings read from a status file (other entries left out)."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _union(first: tuple[str, ...], second: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted(set(first) | set(second)))
 
 
 def _number(value: Any) -> float:
@@ -170,7 +206,8 @@ def processed(status: LogStatus, dest_id: str) -> bool:
 
 def merge_status(old: LogStatus, new: LogStatus) -> LogStatus:
     """`old` updated with this pass's outcomes: a settled pair never goes back to failed, and a pair
-    failing again keeps counting its attempts from its first failure (`PairStatus.failed_again`)."""
+    failing again keeps counting its attempts from its first failure (`PairStatus.failed_again`)
+    and the splits written directly into its table by every pass (`PairStatus.written`)."""
     merged = {dest_id: dict(tables) for dest_id, tables in old.items()}
     for dest_id, tables in new.items():
         into = merged.setdefault(dest_id, {})
@@ -180,5 +217,9 @@ def merge_status(old: LogStatus, new: LogStatus) -> LogStatus:
                 into[table] = outcome
             elif not before.settled:
                 # attempts == 0: deferred to the next pass, not a failure (`batch.load.Deferred`)
-                into[table] = outcome if not outcome.attempts else before.failed_again(outcome)
+                if outcome.attempts:
+                    into[table] = before.failed_again(outcome)
+                else:
+                    written = _union(before.written, outcome.written)
+                    into[table] = replace(outcome, written=written, columns=outcome.columns or before.columns)
     return merged

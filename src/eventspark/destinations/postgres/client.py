@@ -98,6 +98,9 @@ class PostgresStageTarget:
     job_id: str
 
     json_lines: ClassVar[bool] = False
+    text_holds_nul: ClassVar[bool] = False
+    """Postgres text cannot store U+0000: the executors fail such a value's event
+    (`batch.chunks.chunk_buffer`) rather than this COPY failing the whole chunk."""
 
     def open(self) -> PostgresStageWriter:
         return PostgresStageWriter(self)
