@@ -14,6 +14,7 @@ import orjson
 import psycopg
 import yaml
 
+from eventspark.batch.job import JobResult
 from eventspark.config import LoadedConfig, load_config
 from eventspark.logs.incoming import rotated_log_name
 from tests.conftest import pg_conninfo
@@ -55,6 +56,12 @@ def postgres_destination(datasource: dict[str, Any], template: str = MONTHLY, **
 
 
 _clock = [datetime(2020, 8, 2, 18, 0, tzinfo=UTC)]
+
+
+def pair_counts(result: JobResult, dest_id: str = "pg", table: str = "t") -> tuple[int, int]:
+    """(rows, failed) of one (destination, table) pair of a pass."""
+    pair = result.pairs[dest_id, table]
+    return pair.rows, pair.failed
 
 
 def put_log(root: Path, lines: list[dict[str, Any]] | list[str] | Path, token: str = "web") -> Path:

@@ -16,9 +16,8 @@ from eventspark.destinations.postgres.client import PostgresStageTarget
 from eventspark.destinations.postgres.configuration import PostgresDestination
 from eventspark.destinations.postgres.load import PostgresWarehouse
 from tests.batch import test_direct
-from tests.batch.helpers import event, failed_lines, make_config, pg_rows, postgres_destination, put_log
-from tests.batch.test_direct import _counts, _log, _plan, _run, _whole
-from tests.batch.test_partition import RecordingStage
+from tests.batch.helpers import event, failed_lines, make_config, pair_counts, pg_rows, postgres_destination, put_log
+from tests.batch.test_direct import _counts, _done, _run
 from tests.conftest import pg_conninfo
 
 NUL_ERROR = "text cannot hold the character U+0000 (NUL)"
@@ -51,11 +50,11 @@ def test_staged_passes_fail_events_holding_nul_and_load_the_others(
     # No table yet: staged. Before, the COPY of the chunk failed, and the pair on every retry.
     put_log(tmp_path, [event("a0", note="ok"), event("a1", note="nul \x00 here"), event("a2", note="fine")])
     result = run_pass(loaded, coordination, session=spark)
-    assert result.ok and (result.pairs["pg", "t"].rows, result.pairs["pg", "t"].failed) == (2, 1)
+    assert result.ok and pair_counts(result) == (2, 1)
     # The table exists; a new column stages the pass again.
     put_log(tmp_path, [event("b0", note="ok", extra="new"), event("b1", note="ok", extra="\x00")])
     result = run_pass(loaded, coordination, session=spark)
-    assert result.ok and (result.pairs["pg", "t"].rows, result.pairs["pg", "t"].failed) == (1, 1)
+    assert result.ok and pair_counts(result) == (1, 1)
 
     assert pg_rows(pg_schema, "SELECT eventn_ctx_event_id, note, extra FROM t ORDER BY 1") == [
         ("a0", "ok", None),
@@ -71,9 +70,8 @@ def test_a_done_split_checked_as_staging_fails_its_nul_event_again(
 ) -> None:
     """A split written directly failed its event holding U+0000 (`DirectBuffer`); when its table
     cannot be written directly any more, the rerun checks it as staging does: it fails again."""
-    splits = _whole(_log(tmp_path, [{"event_type": "a", "n": 1}, {"event_type": "a", "code": "\x00"}]))
-    plan = _plan(tmp_path, warehouse, dest, RecordingStage(set()))  # a stage that does not say
-    plan.split_done = frozenset({(splits[0].key, "pg", "a")})
+    # Its stage (`RecordingStage`) does not say whether text holds U+0000.
+    plan, splits = _done(tmp_path, warehouse, dest, [{"event_type": "a", "n": 1}, {"event_type": "a", "code": "\x00"}])
     plan.sql_types["pg"]["a"]["x"] = "jsonb"  # not checked here: the table is not written directly
     result = _run(plan, splits)
     assert _counts(result) == {"a": (0, 1)}

@@ -63,7 +63,7 @@ def test_only_tables_whose_every_column_is_checked_are_written_directly() -> Non
 def test_values_are_checked_and_normalised_as_the_staged_path_would_load_them() -> None:
     columns = _columns(COLUMNS)
     assert columns is not None
-    buffer = DirectBuffer("a", columns)
+    buffer = DirectBuffer(columns)
     row: dict[str, Any] = {
         "event_type": 7,  # a number into text: its text
         "n": 3.0,  # an integral float into bigint
@@ -111,7 +111,7 @@ def test_values_are_checked_and_normalised_as_the_staged_path_would_load_them() 
 def test_a_value_that_does_not_fit_fails_its_row(row: dict[str, Any], error: str) -> None:
     columns = _columns(COLUMNS)
     assert columns is not None
-    buffer = DirectBuffer("a", columns)
+    buffer = DirectBuffer(columns)
     assert buffer.add({"event_type": "a", **row}, {}) == error
     assert len(buffer) == 0 and not buffer.rows
 
@@ -119,7 +119,7 @@ def test_a_value_that_does_not_fit_fails_its_row(row: dict[str, Any], error: str
 def test_a_row_with_a_field_the_table_lacks_must_be_staged() -> None:
     columns = _columns(COLUMNS)
     assert columns is not None
-    buffer = DirectBuffer("a", columns)
+    buffer = DirectBuffer(columns)
     assert buffer.add({"event_type": "a", "new": 1}, {}) is STAGE
     assert buffer.add({"event_type": "a", "new": None}, {"new": "integer"}) is None  # a null adds no column
     assert len(buffer) == 1
@@ -181,6 +181,20 @@ def _rows(schema: str, table: str, columns: str) -> list[tuple[Any, ...]]:
 
 def _counts(result: TaskResult) -> dict[str, tuple[int, int]]:
     return {c.table: (c.rows, c.failed) for c in result.counts}
+
+
+def _done(
+    tmp_path: Path,
+    warehouse: PostgresWarehouse,
+    dest: PostgresDestination,
+    events: list[dict[str, Any]],
+    stage: RecordingStage | None = None,
+) -> tuple[JobPlan, list[Split]]:
+    """The rerun of a pass that wrote the one split of `events` into table `a` (DONE for `a`)."""
+    splits = _whole(_log(tmp_path, events))
+    plan = _plan(tmp_path, warehouse, dest, stage or RecordingStage(set()))
+    plan.split_done = frozenset({(splits[0].key, "pg", "a")})
+    return plan, splits
 
 
 def test_a_split_whose_rows_fit_is_written_straight_into_its_tables(
@@ -299,7 +313,7 @@ def test_text_holding_nul_fails_its_row_alone() -> None:
     """Postgres text cannot store U+0000: such a value would fail the COPY of the whole split."""
     columns = _columns({**COLUMNS, "v": "character varying"})
     assert columns is not None
-    buffer = DirectBuffer("a", columns)
+    buffer = DirectBuffer(columns)
     assert buffer.add({"event_type": "a"}, {}) is None  # `event_type` takes the fast path from now on
     for column, row in [
         ("event_type", {"event_type": "a\x00b"}),
@@ -313,7 +327,7 @@ def test_text_holding_nul_fails_its_row_alone() -> None:
 def test_kept_rows_tell_each_columns_one_python_type() -> None:
     columns = _columns(COLUMNS)
     assert columns is not None
-    buffer = DirectBuffer("a", columns)
+    buffer = DirectBuffer(columns)
     row = {
         "event_type": 7,
         "n": 3.0,
@@ -333,10 +347,7 @@ def test_kept_rows_tell_each_columns_one_python_type() -> None:
 def test_a_done_split_of_a_table_no_longer_written_directly_is_checked_against_its_types(
     tmp_path: Path, warehouse: PostgresWarehouse, dest: PostgresDestination, pg_schema: str
 ) -> None:
-    stage = RecordingStage(set())
-    splits = _whole(_log(tmp_path, [{"event_type": "a", "n": 1}, {"event_type": "a", "n": "x"}]))
-    plan = _plan(tmp_path, warehouse, dest, stage)
-    plan.split_done = frozenset({(splits[0].key, "pg", "a")})
+    plan, splits = _done(tmp_path, warehouse, dest, [{"event_type": "a", "n": 1}, {"event_type": "a", "n": "x"}])
     # The table's columns changed since the split was written: `x` is `jsonb` now (not checked here).
     plan.sql_types["pg"]["a"]["x"] = "jsonb"
     result = _run(plan, splits)
@@ -351,9 +362,7 @@ def test_a_done_split_of_a_destination_given_primary_keys_is_not_written_again(
     tmp_path: Path, warehouse: PostgresWarehouse, dest: PostgresDestination, pg_schema: str
 ) -> None:
     stage = RecordingStage(set())
-    splits = _whole(_log(tmp_path, [{"event_type": "a", "n": 1}, {"event_type": "a", "n": "x"}]))
-    plan = _plan(tmp_path, warehouse, dest, stage)
-    plan.split_done = frozenset({(splits[0].key, "pg", "a")})
+    plan, splits = _done(tmp_path, warehouse, dest, [{"event_type": "a", "n": 1}, {"event_type": "a", "n": "x"}], stage)
     plan.primary_keys = {"pg": ("eventn_ctx_event_id",)}
     plan.direct, plan.sql_types = {}, {}  # as the driver plans a destination with primary keys
     result = _run(plan, splits)
@@ -364,10 +373,7 @@ def test_a_done_split_of_a_destination_given_primary_keys_is_not_written_again(
 def test_a_done_split_whose_table_lost_a_column_still_checks_the_rest_of_each_row(
     tmp_path: Path, warehouse: PostgresWarehouse, dest: PostgresDestination
 ) -> None:
-    stage = RecordingStage(set())
-    splits = _whole(_log(tmp_path, [{"event_type": "a", "dropped": 1, "n": "x"}, {"event_type": "a"}]))
-    plan = _plan(tmp_path, warehouse, dest, stage)
-    plan.split_done = frozenset({(splits[0].key, "pg", "a")})
+    plan, splits = _done(tmp_path, warehouse, dest, [{"event_type": "a", "dropped": 1, "n": "x"}, {"event_type": "a"}])
     result = _run(plan, splits)
     assert _counts(result) == {"a": (0, 1)}
     assert result.staged == [] and result.errors == {}

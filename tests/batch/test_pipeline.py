@@ -25,6 +25,7 @@ from tests.batch.helpers import (
     event,
     failed_lines,
     make_config,
+    pair_counts,
     pg_rows,
     postgres_destination,
     put_log,
@@ -249,7 +250,7 @@ def test_a_value_a_literal_cast_refuses_fails_its_event_not_the_pair(
 
     result = run(spark, loaded)
 
-    assert result.ok and (result.pairs["pg", "t"].rows, result.pairs["pg", "t"].failed) == (2, 2)
+    assert result.ok and pair_counts(result) == (2, 2)
     schema = pg_datasource["schema"]
     rows = pg_rows(schema, "SELECT eventn_ctx_event_id, price::text, code FROM t ORDER BY 1")
     assert rows == [("1", "12.50", "abc"), ("4", "0.13", "x")]

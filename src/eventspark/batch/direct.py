@@ -225,13 +225,11 @@ class DirectBuffer:
         "keep",
         "kinds",
         "rows",
-        "table",
         "table_kinds",
         "value_types",
     )
 
-    def __init__(self, table: str, columns: DirectColumns, keep: bool = True) -> None:
-        self.table = table
+    def __init__(self, columns: DirectColumns, keep: bool = True) -> None:
         self.table_kinds = columns.kinds
         self.checks = columns.checks
         self.bounds = columns.bounds

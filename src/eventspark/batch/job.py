@@ -153,8 +153,8 @@ class _Collected:
     counts: dict[tuple[str, str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))
     spools: dict[tuple[str, str, str], list[Path]] = field(default_factory=lambda: defaultdict(list))
     pairs: dict[tuple[str, str], PairLoad] = field(default_factory=dict)
-    """Per (destination, table): its staged chunks with their merged header, the rows written
-    directly (`PairLoad.direct_rows`), the logs of its rows, and the first error of a task."""
+    """Per (destination, table): its staged chunks with their merged header, the logs of its
+    rows, and the first error of a task (a pair written directly only has no chunks)."""
     samples: list[str] = field(default_factory=list)
     sightings: dict[str, Sightings] = field(default_factory=dict)
     """Users recognition: per destination, the ids the tasks saw (`steps.recognition`)."""
@@ -286,7 +286,7 @@ class BatchJob:
         fresh = {(name, d) for name in plan.file_tokens for d in plan.destinations if (name, d) not in plan.skip}
         fresh -= seen
         started = time.monotonic()
-        collected = self._execute(session, logs, plan) if plan.destinations else _Collected()
+        collected = self._execute(session, plan) if plan.destinations else _Collected()
         executed = time.monotonic()
         # Users recognition's ids outlive a crash between the commits and its run (`recognition.state`).
         keep_sightings(self.events_dir, collected.sightings, set(plan.recognition))
@@ -483,9 +483,8 @@ class BatchJob:
         giving_up = {name for name in wanted if (name, dest_id) in schedule.whole}
         routed = [name for name in wanted if (name, dest_id) not in schedule.optional]
         schedule.unreached.update((name, dest_id) for name in routed if name not in giving_up)
-        if not giving_up:
-            return giving_up  # its parked groups wait for a pass that can read its load markers
-        failed_events.settle_unreachable(dest_id, giving_up)
+        if giving_up:  # else its parked groups wait for a pass that can read its load markers
+            failed_events.settle_unreachable(dest_id, giving_up)
         return giving_up
 
     def _plan_pairs(
@@ -557,9 +556,9 @@ class BatchJob:
 
     # --- the job ------------------------------------------------------------------------------
 
-    def _execute(self, session: Any, logs: list[Path], plan: JobPlan) -> _Collected:
+    def _execute(self, session: Any, plan: JobPlan) -> _Collected:
         context = session.sparkContext
-        splits = plan.splits or plan_splits(logs)
+        splits = plan.splits
 
         def task(index: int, mine: Iterator[Split]) -> list[TaskResult]:
             return process_splits(plan, index, mine)
@@ -768,8 +767,8 @@ def _fold(collected: _Collected, result: TaskResult) -> None:
         pair.chunks.append(staged.chunk)
         pair.header.merge(staged.header)
     for direct in result.direct:
-        for table, rows in direct.rows.items():
-            _pair(collected, direct.dest_id, table).direct_rows += rows
+        for table in direct.rows:
+            _pair(collected, direct.dest_id, table)  # no chunks: nothing to commit (`_load`)
             collected.written[direct.file, direct.dest_id, table].add(direct.split)
     collected.samples += [sample for _file, _dest_id, sample in result.samples]
     for dest_id, seen in result.sightings.items():

@@ -40,9 +40,6 @@ class PairLoad:
     files: set[str] = field(default_factory=set)
     error: str = ""
     """Set when an executor could not stage its rows: the pair is not committed this pass."""
-    direct_rows: int = 0
-    """Rows the executors wrote straight into the table (committed already, with per-split
-    markers): a pair with these and no chunks has nothing left to patch or commit."""
 
 
 def load_pair(

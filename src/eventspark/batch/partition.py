@@ -349,13 +349,12 @@ class PartitionTask:
         # `sql_types`: also of a destination that gives up unreached, from the status files.
         columns = self.direct_columns(dest_id, table) if dest_id in self.plan.sql_types else None
         if columns is not None:
-            return DirectBuffer(table, columns, keep=False), [0, 0, 0], _WHOLE_SPLIT
+            return DirectBuffer(columns, keep=False), [0, 0, 0], _WHOLE_SPLIT
         # The table cannot be written directly now (its types changed, a primary key came): its
         # rows are checked as staging checks them against the table's types. Written without a
         # primary key, so none is asked of them.
         existing = self.plan.existing.get(dest_id, {}).get(table)
-        layout = self.plan.destinations[dest_id].data_layout
-        unmapped = UnmappedRule.of(layout, layout.max_columns or self.plan.max_columns)
+        unmapped = self.unmapped(dest_id)
         buffer = chunk_buffer(table, existing, (), False, unmapped, holds_nul=False)  # as DirectBuffer: no U+0000
         checking = _Checking(buffer, self.plan.chunk_rows)
         return cast(ChunkBuffer, checking), [0, 0, 0], _WHOLE_SPLIT
@@ -367,7 +366,7 @@ class PartitionTask:
         if columns is None:
             return None
         self.split_targets.append(key)
-        buffer = self.direct_buffers[key] = DirectBuffer(table, columns)
+        buffer = self.direct_buffers[key] = DirectBuffer(columns)
         return buffer, self.count(file, dest_id, table), _WHOLE_SPLIT
 
     def direct_columns(self, dest_id: str, table: str) -> DirectColumns | None:
@@ -381,8 +380,7 @@ class PartitionTask:
         sql_types = self.plan.sql_types.get(dest_id, {}).get(table)
         existing = self.plan.existing.get(dest_id, {}).get(table)
         if sql_types and existing and not self.plan.primary_keys.get(dest_id):
-            layout = self.plan.destinations[dest_id].data_layout
-            unmapped = UnmappedRule.of(layout, layout.max_columns or self.plan.max_columns)
+            unmapped = self.unmapped(dest_id)
             full = unmapped is not None and unmapped.full(existing)
             if not full and self.chain(dest_id).transform is None:
                 columns = direct_columns(sql_types, existing)
@@ -403,11 +401,15 @@ class PartitionTask:
             existing = self.plan.existing.get(dest_id, {}).get(table)
             keys = self.plan.primary_keys.get(dest_id, ())
             stage = self.plan.stages[dest_id]
-            layout = self.plan.destinations[dest_id].data_layout
-            unmapped = UnmappedRule.of(layout, layout.max_columns or self.plan.max_columns)
+            unmapped = self.unmapped(dest_id)
             holds_nul = text_holds_nul(stage)
             buffer = self.buffers[key] = chunk_buffer(table, existing, keys, stage.json_lines, unmapped, holds_nul)
         return buffer
+
+    def unmapped(self, dest_id: str) -> UnmappedRule | None:
+        """The destination's rule for fields past its maximum of columns."""
+        layout = self.plan.destinations[dest_id].data_layout
+        return UnmappedRule.of(layout, layout.max_columns or self.plan.max_columns)
 
     def count(self, file: str, dest_id: str, table: str) -> list[int]:
         key = (file, dest_id, table)
@@ -485,12 +487,9 @@ class PartitionTask:
                 continue
             try:
                 chunk, header = self.plan.objects[dest_id].write(buffer, file, split.start, whole)
-            except DestinationError as exc:
+            except Exception as exc:
                 # The pair fails for this pass (the driver will not settle it); the task goes on.
-                self.errors[dest_id, table] = f"writing: {exc}"
-                continue
-            except Exception as exc:  # a client's untranslated error fails the pair, never the pass
-                self.errors[dest_id, table] = f"writing: {type(exc).__name__}: {str(exc)[:300]}"
+                self.errors[dest_id, table] = _writing_error(exc)
                 continue
             self.chunks.append(StagedResult(dest_id, table, chunk, header))
 
@@ -508,14 +507,10 @@ class PartitionTask:
         for dest_id, tables in by_dest.items():
             try:
                 self.write_split(dest_id, tables)
-            except DestinationError as exc:
-                # The pair fails for this pass (nothing of the split was written); the task goes on.
+            except Exception as exc:
+                # The pairs fail for this pass (nothing of the split was written); the task goes on.
                 for table in tables:
-                    self.errors[dest_id, table] = f"writing: {exc}"
-                continue
-            except Exception as exc:  # a client's untranslated error fails the pairs, never the pass
-                for table in tables:
-                    self.errors[dest_id, table] = f"writing: {type(exc).__name__}: {str(exc)[:300]}"
+                    self.errors[dest_id, table] = _writing_error(exc)
                 continue
             rows = {table: len(direct.rows) for table, direct in tables.items()}
             self.direct.append(DirectResult(dest_id, self.split_key, split.name, rows))
@@ -590,6 +585,13 @@ class _Checking:
 
     def __len__(self) -> int:
         return 0
+
+
+def _writing_error(exc: Exception) -> str:
+    """Why a pair failed to write: a client's untranslated error fails the pair, never the pass."""
+    if isinstance(exc, DestinationError):
+        return f"writing: {exc}"
+    return f"writing: {type(exc).__name__}: {str(exc)[:300]}"
 
 
 def _kill() -> None:

@@ -53,7 +53,8 @@ class JobPlan:
     """Destination id → where executors write rows straight into existing tables
     (`Capabilities.direct_writes`); its other pairs are staged as usual."""
     sql_types: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
-    """Destination id (of `direct`) → table → column → its SQL type, as the catalog reads it."""
+    """Destination id (of `direct`, or one given up unreached whose status files recorded them:
+    `batch.job._recorded`) → table → column → its SQL type, as the catalog reads it."""
     split_done: frozenset[tuple[str, str, str]] = frozenset()
     """(split key, destination id, table) committed by an earlier pass (per-split load markers):
     their rows are not written again; their failed events are spooled again while the
@@ -70,7 +71,7 @@ class JobPlan:
     """Destination id → (anonymous id node, identification nodes) of its users recognition."""
     splits: list[Split] = field(default_factory=list)
     """The job's splits, in order (`plan_splits`, cut before the job so that per-split markers
-    can be read): one Spark task each."""
+    can be read): consecutive ones grouped into tasks (`BatchJob._execute`)."""
     executor_fault: str | None = None
     """Test only (like the driver's `Fault`): `kill-before-commit:<n>` / `kill-after-commit:<n>`
     makes an executor SIGKILL itself around its n-th direct split commit."""

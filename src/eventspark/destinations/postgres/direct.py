@@ -5,9 +5,9 @@ A text-format COPY per table: psycopg's C dumpers write each value in its text f
 type (int, float, bool, str) and the server parses it into the column's own type (numeric,
 timestamp, ...), so no staging table and no second write. When the rows tell each column's one
 Python type (`DirectRows.kinds`), its encoder is set once for the whole COPY (`Copy.set_types`)
-instead of being looked up for every value: a quarter of the COPY's client CPU. The marker table's primary key
-(dest_id, file, table_name) makes a second write of the same split fail, rolled back whole,
-instead of loading its rows twice.
+instead of being looked up for every value: a quarter of the COPY's client CPU. The marker
+table's primary key (dest_id, file, table_name) makes a second write of the same split fail,
+rolled back whole, instead of loading its rows twice.
 """
 
 from __future__ import annotations
