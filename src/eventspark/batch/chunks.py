@@ -58,7 +58,8 @@ _STAGE_KIND: dict[DataType, type] = {
 }
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _NUL = "\x00"
-_NUL_ERROR = "text cannot hold the character U+0000 (NUL)"
+NUL_ERROR = "text cannot hold the character U+0000 (NUL)"
+"""Why a str value holding U+0000 fails its event where text cannot store it (Postgres)."""
 
 
 class _TimestampText:
@@ -182,7 +183,7 @@ class ChunkBuffer:
             elif expect is _TimestampText and kind is str and is_timestamp(value):
                 continue
             if kind is str and self.nul_free and _NUL in value:  # before a new column is typed for it
-                return f"column {name!r}: {_NUL_ERROR}"
+                return f"column {name!r}: {NUL_ERROR}"
             error = self._add_value(values, name, value, casts)
             if error is not None:
                 return error

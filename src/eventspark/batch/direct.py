@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from eventspark.batch.chunks import to_stage
+from eventspark.batch.chunks import NUL_ERROR, to_stage
 from eventspark.destinations.base import DirectRows
 from eventspark.steps.literals import literal_check
 from eventspark.steps.typing import DataType, format_timestamp, is_timestamp, parse_timestamp
@@ -37,7 +37,6 @@ _NUMERIC = re.compile(r"numeric(?:\((\d+),(\d+)\))?", re.ASCII)
 _VARCHAR = re.compile(r"character varying(?:\((\d+)\))?", re.ASCII)
 _INTEGERS = {"integer": (-(2**31), 2**31 - 1), "smallint": (-(2**15), 2**15 - 1)}
 _NUL = "\x00"
-_NUL_ERROR = "text cannot hold the character U+0000 (NUL)"
 # The Python type of a column's values once checked, by the DataType its SQL type reads as.
 _VALUE_TYPES: dict[DataType, type] = {
     DataType.BOOL: bool,
@@ -148,7 +147,7 @@ def _text() -> Check:
     def check(value: Any) -> Any:
         text = to_text(value)
         if _NUL in text:
-            raise ValueError(_NUL_ERROR)
+            raise ValueError(NUL_ERROR)
         return text
 
     return check
@@ -191,7 +190,7 @@ def _cut(length: int) -> Check:
         # Longer text is cut, as the staged path's CAST to varchar(n) cuts it.
         text = value if type(value) is str else to_text(value)
         if _NUL in text:
-            raise ValueError(_NUL_ERROR)
+            raise ValueError(NUL_ERROR)
         return text if len(text) <= length else text[:length]
 
     return check
