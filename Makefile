@@ -6,7 +6,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: install install-dev run test lint bench clean
 
-$(STAMP): pyproject.toml scripts/bootstrap.sh src/eventspark/sdk.py
+$(STAMP): pyproject.toml setup.py scripts/bootstrap.sh src/eventspark/sdk.py $(wildcard src/eventspark/speedups/*.pyx)
 	bash scripts/bootstrap.sh $(VENV)
 	touch $(STAMP)
 
@@ -36,4 +36,4 @@ bench: install-dev
 	$(PY) bench/batch.py --dlt-events 100000
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info src/eventspark/speedups/*.c src/eventspark/speedups/*.so
