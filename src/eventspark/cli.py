@@ -34,6 +34,7 @@ def check(
         template = dest.data_layout.table_name_template
         out.print(escape(f"  {dest_id}: {dest.type}, {dest.mode} mode, table {template!r}"), highlight=False)
     out.print(escape(f"  spark master: {cfg.spark.master}"), highlight=False)
+    out.print(f"  compiled speed-ups: {_speedups_state()}", highlight=False)
     if connect:
         out.print("destination tests:")
         if not tools.check_connections(cfg, timeout):
@@ -42,6 +43,17 @@ def check(
     if loaded.warnings:
         err.print(f"[yellow]{len(loaded.warnings)} key(s) in the config have no effect[/] (see the warnings above)")
         raise typer.Exit(code=1)
+
+
+def _speedups_state() -> str:
+    from eventspark import speedups
+
+    missing = speedups.missing()
+    if not missing:
+        return "in use (" + ", ".join(speedups.MODULES) + ")"
+    if speedups.pure():
+        return f"turned off ({speedups.PURE_ENV})"
+    return "not built: " + ", ".join(missing) + " (pure Python; `make install` with a C compiler builds them)"
 
 
 @app.command()
