@@ -1,6 +1,6 @@
 """Benchmark of the full step chain on one core, against orjson parse+serialise of the same events.
 
-    .venv/bin/python bench/steps.py [--events N] [--seed S] [--repeat R] [--stages] [--profile]
+    .venv/bin/python bench/steps.py [--events N] [--seed S] [--repeat R] [--stages] [--profile] [--against-pure]
 
 Chain per event: orjson.loads of the incoming line → ContextEnrichment → table_name_template →
 LookupEnrichment (GeoLite2 via the maxminddb C extension, user agent via ua-parser-rs) → mapping →
@@ -13,7 +13,9 @@ from elsewhere on a shared machine then slows both sides alike rather than one. 
 the cost of each step: the chain cut after that step less the chain cut before it, and of the
 executors' typed buffer after the chain (`chunk`: `batch.chunks.ChunkBuffer`, the stream's
 `header` is not on their path). ``--profile``
-prints cProfile's busiest functions for one chain run.
+prints cProfile's busiest functions for one chain run. ``--against-pure`` measures the same again
+in a child process with the compiled speed-ups turned off (`EVENTSPARK_PURE_PYTHON=1`) and prints
+both side by side with their ratio.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import argparse
 import cProfile
 import gc
 import importlib.util
+import os
 import pstats
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -194,7 +198,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--stages", action="store_true", help="also time each step of the chain")
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of one chain run")
+    parser.add_argument(
+        "--against-pure", action="store_true", help="also measure with the speed-ups off (a child process)"
+    )
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the child's output
     args = parser.parse_args()
+    if args.against_pure:
+        compare_pure(args)
+        return
 
     events = list(generate_events(args.events, seed=args.seed))
     lines = [orjson.dumps(e) for e in events]
@@ -205,6 +216,10 @@ def main() -> None:
     times = best_times({"baseline": lambda: run_baseline(lines), "chain": lambda: run_chain(lines, chain)}, args.repeat)
     baseline, chain_time = times["baseline"], times["chain"]
     n = len(lines)
+    if args.json:
+        stages = stage_times(lines, chain, args.repeat) if args.stages else {}
+        print(orjson.dumps({"n": n, "baseline": baseline, "chain": chain_time, "stages": stages}).decode())
+        return
     print(f"events: {n:,} (avg {leaves:.1f} leaves, {sum(map(len, lines)) / n:.0f} bytes), one core")
     print(
         f"tables: {len(headers.headers)}, columns in the widest: {max(len(h.fields) for h in headers.headers.values())}"
@@ -216,6 +231,27 @@ def main() -> None:
         print_stages(stage_times(lines, chain, args.repeat), n)
     if args.profile:
         print_profile(lines, chain)
+
+
+def measure(args: argparse.Namespace, pure: bool) -> dict:
+    """This bench in a child process (`--json`), with the speed-ups on or off."""
+    command = [sys.executable, __file__, "--json", "--events", str(args.events), "--seed", str(args.seed)]
+    command += ["--repeat", str(args.repeat)] + (["--stages"] if args.stages else [])
+    env = {**os.environ, "EVENTSPARK_PURE_PYTHON": "1" if pure else "0"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return orjson.loads(done.stdout.splitlines()[-1])
+
+
+def compare_pure(args: argparse.Namespace) -> None:
+    """The chain (and with `--stages` each step) with the compiled speed-ups and without them."""
+    fast, pure = measure(args, pure=False), measure(args, pure=True)
+    n = fast["n"]
+    print(f"events: {n:,}, one core, CPU µs/event: compiled speed-ups / pure Python (EVENTSPARK_PURE_PYTHON=1)")
+    rows = [("baseline", fast["baseline"], pure["baseline"]), ("chain", fast["chain"], pure["chain"])]
+    rows += [(name, fast["stages"][name], pure["stages"][name]) for name in fast["stages"]]
+    for name, compiled, python in rows:
+        ratio = f"×{python / compiled:.2f}" if compiled > 0 else "-"
+        print(f"  {name:<13} {compiled / n * 1e6:6.2f} {python / n * 1e6:6.2f}  {ratio}")
 
 
 if __name__ == "__main__":
