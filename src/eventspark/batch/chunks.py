@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from eventspark import speedups
 from eventspark.destinations.base import ORDER_COLUMN
 from eventspark.steps.diff import UnmappedRule
 from eventspark.steps.literals import LiteralCheck, literal_check
@@ -83,6 +84,9 @@ class _NulFreeText:
 # `_SAME_KIND` for a stage whose text cannot hold U+0000: a str value is searched for it first.
 _SAME_KIND_NUL_FREE: dict[DataType | None, type] = {**_SAME_KIND, DataType.STRING: _NulFreeText}
 
+# The compiled fast path of `ChunkBuffer.add` (`speedups/_rows.pyx`); None: the Python loop alone.
+_rows = speedups.load("rows")
+
 
 def to_stage(value: Any, stage: DataType) -> Any:
     """`value` as the stage stores a `stage` column; ValueError when it does not fit."""
@@ -100,6 +104,7 @@ class ChunkBuffer:
         "columns",
         "count",
         "existing",
+        "fast",
         "fixed_types",
         "kinds",
         "lines",
@@ -152,6 +157,13 @@ class ChunkBuffer:
         # Whether a str value holding U+0000 fails its event (not `text_holds_nul(stage)`).
         self.nul_free = not holds_nul
         self.same_kind = _SAME_KIND_NUL_FREE if self.nul_free else _SAME_KIND
+        # The fast path at C speed: when every value of a row takes it, the loop of `add` is
+        # skipped (None: the speed-up is not built or turned off; the loop is the reference).
+        self.fast: Any = None
+        if _rows is not None:
+            self.fast = _rows.RowScan(
+                text_nul=False, is_timestamp=is_timestamp, nul_free=_NulFreeText, timestamp=_TimestampText
+            )
 
     def __len__(self) -> int:
         return self.count
@@ -164,6 +176,38 @@ class ChunkBuffer:
                 return f"primary key field {key!r} is missing"
         if ORDER_COLUMN in values:
             return f"field {ORDER_COLUMN!r} is reserved for eventspark's own use: rename it with a mapping"
+        fast = self.fast
+        if fast is not None:
+            if self.lines is None:
+                # One C pass makes the row's list when every value takes the fast path (its columns
+                # must be up to date: not so after a refused row that typed a new one).
+                row = fast.take(values, self.kinds, self.columns) if len(self.columns) == len(self.types) else None
+                if row is not None:
+                    self.rows.append(row)
+                    self.seqs.append(seq)
+                    self.count += 1
+                    return None
+            elif fast.passes(values, self.kinds):
+                return self._add_line(values, seq)
+        error = self._add_values(values, casts)
+        if error is not None:
+            return error
+        if self.lines is not None:
+            return self._add_line(values, seq)
+        columns = self.columns
+        if len(columns) != len(self.types):  # a new column: `types` only grows until `take`
+            columns = self.columns = list(self.types)
+            self.short_rows = len(self.rows)
+        self.rows.append(list(map(values.get, columns)))
+        self.seqs.append(seq)
+        self.count += 1
+        return None
+
+    def _add_values(self, values: dict[str, Any], casts: Mapping[str, str]) -> str | None:
+        """Checks the row's values, typing new columns and converting values to their stage form;
+        or returns why one does not fit. The reference of the compiled fast path (`fast`), which
+        passes a row only when this loop would pass over every value unchanged. `kinds` changes
+        only here (and at `_reset`), so only after a row `fast` missed: its `take` relies on it."""
         kinds = self.kinds
         for name, value in values.items():
             # Fast path, most values: the column's type is known in this chunk and the value is
@@ -182,30 +226,28 @@ class ChunkBuffer:
                     continue
             elif expect is _TimestampText and kind is str and is_timestamp(value):
                 continue
+            if value is None:  # adds nothing: no column, no type
+                continue
             if kind is str and self.nul_free and _NUL in value:  # before a new column is typed for it
                 return f"column {name!r}: {NUL_ERROR}"
             error = self._add_value(values, name, value, casts)
             if error is not None:
                 return error
-        if self.lines is None:
-            columns = self.columns
-            if len(columns) != len(self.types):  # a new column: `types` only grows until `take`
-                columns = self.columns = list(self.types)
-                self.short_rows = len(self.rows)
-            self.rows.append(list(map(values.get, columns)))
-            self.seqs.append(seq)
-        else:
-            if self.primary_keys:
-                values[ORDER_COLUMN] = seq
+        return None
+
+    def _add_line(self, values: dict[str, Any], seq: int) -> str | None:
+        assert self.lines is not None
+        if self.primary_keys:
+            values[ORDER_COLUMN] = seq
+        try:
+            line = _dumps(values, option=_NEWLINE)
+        except TypeError:  # an integer beyond 64 bits: its column is marked for conversion
             try:
+                _convert_row(values, self.mixed, self.types)
                 line = _dumps(values, option=_NEWLINE)
-            except TypeError:  # an integer beyond 64 bits: its column is marked for conversion
-                try:
-                    _convert_row(values, self.mixed, self.types)
-                    line = _dumps(values, option=_NEWLINE)
-                except (TypeError, ValueError) as exc:
-                    return f"the event cannot be staged as JSON: {exc}"
-            self.lines += line
+            except (TypeError, ValueError) as exc:
+                return f"the event cannot be staged as JSON: {exc}"
+        self.lines += line
         self.count += 1
         return None
 
@@ -290,7 +332,10 @@ class ChunkBuffer:
         columns = list(self.types)
         rows = self.rows
         width = len(columns)
-        for index in range(self.short_rows):
+        # A row that failed after typing a new column leaves `columns` behind `types`: then every
+        # row is short, not only the first `short_rows`.
+        short_rows = self.short_rows if len(self.columns) == width else len(rows)
+        for index in range(short_rows):
             row = rows[index]
             row.extend([None] * (width - len(row)))
         for index, name in enumerate(columns):

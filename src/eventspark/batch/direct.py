@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
+from eventspark import speedups
 from eventspark.batch.chunks import NUL_ERROR, to_stage
 from eventspark.destinations.base import DirectRows
 from eventspark.steps.literals import literal_check
@@ -37,6 +38,8 @@ _NUMERIC = re.compile(r"numeric(?:\((\d+),(\d+)\))?", re.ASCII)
 _VARCHAR = re.compile(r"character varying(?:\((\d+)\))?", re.ASCII)
 _INTEGERS = {"integer": (-(2**31), 2**31 - 1), "smallint": (-(2**15), 2**15 - 1)}
 _NUL = "\x00"
+# The compiled fast path of `DirectBuffer.add` (`speedups/_rows.pyx`); None: the Python loop alone.
+_rows = speedups.load("rows")
 # The Python type of a column's values once checked, by the DataType its SQL type reads as.
 _VALUE_TYPES: dict[DataType, type] = {
     DataType.BOOL: bool,
@@ -221,6 +224,7 @@ class DirectBuffer:
         "checks",
         "columns",
         "count",
+        "fast",
         "keep",
         "kinds",
         "rows",
@@ -239,6 +243,13 @@ class DirectBuffer:
         self.columns: list[str] = []
         self.rows: list[list[Any]] = []
         self.count = 0
+        # The fast path at C speed: when every value of a row takes it, the loop of `add` is
+        # skipped (None: the speed-up is not built or turned off; the loop is the reference).
+        self.fast: Any = None
+        if _rows is not None:
+            self.fast = _rows.RowScan(
+                text_nul=True, is_timestamp=is_timestamp, zoned=_Zoned, utc=_Utc, bounded=_Bounded, bounds=self.bounds
+            )
 
     def __len__(self) -> int:
         return self.count
@@ -248,6 +259,30 @@ class DirectBuffer:
         when the table lacks one of its fields (a null adds no column: left out, as staging
         leaves it). Without `keep` (a split written already) such a field is passed over and the
         other values are checked still: a row whose value failed then must fail again."""
+        fast = self.fast
+        if fast is not None:
+            if self.keep:
+                # One C pass makes the row's list when every value takes the fast path.
+                row = fast.take(values, self.kinds, self.columns)
+                if row is not None:
+                    self.rows.append(row)
+                    self.count += 1
+                    return None
+            elif fast.passes(values, self.kinds):
+                return None
+        error = self._check_values(values)
+        if error is not None:
+            return error
+        if self.keep:
+            self.rows.append(list(map(values.get, self.columns)))
+            self.count += 1
+        return None
+
+    def _check_values(self, values: dict[str, Any]) -> str | None:
+        """Checks and normalises the row's values, or returns why one does not fit (or `STAGE`).
+        The reference of the compiled fast path (`fast`), which passes a row only when this loop
+        would pass over every value unchanged. `kinds` and `columns` change only here, so only
+        after a row `fast` missed: its `take` relies on it."""
         kinds = self.kinds
         for name, value in values.items():
             # Fast path, most values: already of the column's kind (int: within bigint).
@@ -282,9 +317,6 @@ class DirectBuffer:
                 values[name] = self.checks[name](value)
             except ValueError as exc:
                 return f"column {name!r}: {exc}"
-        if self.keep:
-            self.rows.append(list(map(values.get, self.columns)))
-            self.count += 1
         return None
 
     def take(self) -> DirectRows:

@@ -8,23 +8,48 @@ Python type (`DirectRows.kinds`), its encoder is set once for the whole COPY (`C
 instead of being looked up for every value: a quarter of the COPY's client CPU. The marker
 table's primary key (dest_id, file, table_name) makes a second write of the same split fail,
 rolled back whole, instead of loading its rows twice.
+
+When the compiled encoder is built (`speedups/_copytext.pyx`), it makes the COPY data of whole
+blocks of rows, the bytes psycopg's per-row path would send, for a fraction of its client CPU;
+psycopg's path stays the reference and takes the rows the encoder leaves (`copy_rows`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import islice
+from types import ModuleType
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from eventspark.destinations.base import DirectRows, TerminalError
-from eventspark.destinations.postgres.client import translated_errors
+from eventspark.destinations.postgres.client import COPYTEXT, translated_errors, write_blocks
 
 # The text encoder of each Python type of values (`DirectRows.kinds`): the server parses its text
 # into the column's own type whatever the name here (a text COPY sends no types).
 _ENCODERS: dict[type, str] = {bool: "bool", int: "int8", float: "float8", str: "text"}
+
+
+def copy_rows(copy: psycopg.Copy, direct: DirectRows, encoding: str, compiled: ModuleType | None = COPYTEXT) -> None:
+    """Writes the rows into a text COPY whose client encoding is `encoding`: the blocks `compiled`
+    (`speedups/_copytext.pyx`) makes while it takes the rows, then psycopg's per-row path for the
+    rest (for all of them without the module, without `kinds`, or not in UTF-8)."""
+    width = len(direct.columns)
+    kinds = direct.kinds if direct.kinds is not None and len(direct.kinds) == width else None
+    done = 0
+    if compiled is not None and kinds is not None and encoding == "utf-8" and isinstance(direct.rows, list):
+        codes = b"".join(compiled.KIND_CODES[kind] for kind in kinds)
+        done = write_blocks(copy, compiled.text_rows, direct.rows, codes)
+    if done == len(direct.rows):
+        return
+    if kinds is not None:
+        copy.set_types([_ENCODERS[kind] for kind in kinds])
+    for row in islice(direct.rows, done, None):
+        # A row may stop at its last value: the missing tail is NULL.
+        copy.write_row(row if len(row) == width else [*row, *([None] * (width - len(row)))])
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +98,8 @@ class PostgresDirectWriter:
         columns = direct.columns
         names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
         statement = sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(self._target.schema, table), names)
-        width = len(columns)
-        kinds = direct.kinds
         with conn.cursor() as cur, cur.copy(statement) as copy:
-            if kinds is not None and len(kinds) == width:
-                copy.set_types([_ENCODERS[kind] for kind in kinds])
-            for row in direct.rows:
-                # A row may stop at its last value: the missing tail is NULL.
-                copy.write_row(row if len(row) == width else [*row, *([None] * (width - len(row)))])
+            copy_rows(copy, direct, conn.info.encoding)
 
     def _mark(self, conn: psycopg.Connection[Any], split: str, tables: list[str]) -> None:
         if not tables:
