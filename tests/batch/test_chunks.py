@@ -81,6 +81,24 @@ def test_casts_and_timestamp_names_fix_the_type() -> None:
     assert header.fields["amount"].sql_type == "numeric(12,2)"
 
 
+def test_a_cast_that_changes_within_a_chunk_widens_the_column_and_converts_earlier_values() -> None:
+    # A transform's type hints can cast one column differently from one event to the next.
+    buffer = ChunkBuffer("t", None)
+    assert buffer.add({"a": ""}, {}) is None
+    assert buffer.add({"a": 1.5}, {"a": "double"}) is None
+    assert buffer.add({"b": [1, "x"]}, {}) is None
+    assert buffer.add({"b": 2}, {"b": "integer"}) is None
+    types, rows, _ = buffer.take()
+    assert types == {"a": DataType.STRING, "b": DataType.STRING}
+    assert rows == [["", None], ["1.5", None], [None, '[1,"x"]'], [None, "2"]]
+    lines = ChunkBuffer("t", None, json_lines=True)
+    assert lines.add({"a": 1}, {"a": "integer"}) is None
+    assert lines.add({"a": "x"}, {"a": "string"}) is None
+    types, data, _ = lines.take_json()
+    assert types == {"a": DataType.STRING}
+    assert data == b'{"a":"1"}\n{"a":"x"}\n'
+
+
 def test_literal_casts_are_checked_per_value() -> None:
     casts = {"amount": "numeric(5,2)", "code": "varchar(2)"}
     buffer = ChunkBuffer("t", None)

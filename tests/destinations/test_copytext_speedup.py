@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import io
+import math
 import uuid
 from collections.abc import Iterator
 from types import ModuleType
@@ -386,3 +387,75 @@ def test_any_stage_rows_land_in_postgres_as_psycopg_writes_them(
 ) -> None:
     by_psycopg, by_compiled = stage_tables
     assert staged(conn, by_compiled, rows, compiled_module()) == staged(conn, by_psycopg, rows, None)
+
+
+# --- found in review: a list subclass of rows, and arguments out of range --------------------------
+
+
+class Rows(list):  # type: ignore[type-arg]
+    """A list subclass: `copy_rows` and `copy_binary_rows` take it (an isinstance check)."""
+
+
+def test_a_list_subclass_of_rows_is_written_as_psycopg_writes_it(conn: psycopg.Connection[Any]) -> None:
+    rows = Rows([[1, "a"], [None, "b\tc"]])
+    direct = DirectRows(["n", "s"], rows, [int, str])
+    assert copy_data(conn, direct, compiled_module()) == copy_data(conn, direct, None) == b"1\ta\n\\N\tb\\tc\n"
+    stage = Rows([[1, 0.5, True, "a"]])
+    data = binary_data(conn, stage, compiled_module())
+    assert isinstance(data, bytes) and data == binary_data(conn, stage, None)
+
+
+@pytest.mark.parametrize("encode", ["text_rows", "binary_rows"])
+@pytest.mark.parametrize(("start", "block_size"), [(-1, 1024), (-(2**40), 1024), (0, 0), (0, -5), (0, 2**63 - 1)])
+def test_the_encoders_refuse_a_start_or_a_block_size_out_of_range(encode: str, start: int, block_size: int) -> None:
+    # A negative start would read before the list's items (no bounds checks in C); a block size
+    # of 0 would make `write_blocks` loop for ever on empty blocks.
+    rows: list[list[Any]] = [[1, 2.0, True, "x"]]
+    with pytest.raises(ValueError, match=r"^(start|block_size) "):
+        getattr(compiled_module(), encode)(rows, start, b"ifbs", block_size)
+
+
+def _float_edges() -> list[float]:
+    """Floats where the shortcut of `_put_fixed` (few decimals, without repr's search) could part
+    from repr: the edges of its range (1e-3, 1e15) and of the doubles, powers of two and ten and
+    their neighbours, values with few decimals and their neighbours, and halves between two
+    shortest candidates (b/4 and b/8 near 2**49, where an ulp is 1/8)."""
+    edges = [0.0, 5e-324, 2.2250738585072014e-308, 2.225073858507201e-308, 1.7976931348623157e308]
+    edges += [0.1, 0.2, 0.3, 1 / 3, 2 / 3, 999.995, 999.9949999999999, 0.0009999999999999998, 999999999999999.9]
+    edges += [2.0**e for e in range(-12, 53)] + [float(f"1e{e}") for e in range(-5, 17)]
+    edges += [n / 100 for n in range(-1000, 1000, 7)] + [n / 10**k for k in range(1, 18) for n in (1, 5, 12345, 99999)]
+    edges += [(2**49 + n) / 4 for n in range(-20, 20)] + [(2**49 + n) / 8 for n in range(-20, 20)]
+    edges += [(2**52 - n) / 4 for n in range(1, 10)]
+    with_neighbours = [x for edge in edges for x in (edge, math.nextafter(edge, 0), math.nextafter(edge, math.inf))]
+    return [x for edge in with_neighbours for x in (edge, -edge)]
+
+
+def test_the_float_shortcut_writes_repr_at_every_edge(conn: psycopg.Connection[Any]) -> None:
+    values = _float_edges()
+    data = copy_data(conn, DirectRows(["x"], [[x] for x in values], [float]), compiled_module())
+    assert data == copy_data(conn, DirectRows(["x"], [[x] for x in values], [float]), None)
+    assert isinstance(data, bytes) and data.split(b"\n")[:-1] == [repr(x).encode() for x in values]
+
+
+class Text(str):
+    def __str__(self) -> str:
+        return "changed"
+
+
+class Number(int):
+    def __repr__(self) -> str:
+        return "changed"
+
+
+class Real(float):
+    def __repr__(self) -> str:
+        return "changed"
+
+
+def test_values_of_subclasses_are_written_as_psycopg_writes_them(conn: psycopg.Connection[Any]) -> None:
+    # bool is an int subclass too: a bool in an int column and an int in a bool column.
+    rows: list[list[Any]] = [[Number(5), Real(0.5), True, Text("a\tb")], [True, 1.0, 1, "x"], [1, 2, False, "y"]]
+    direct = DirectRows(["n", "x", "ok", "s"], rows, [int, float, bool, str])
+    assert copy_data(conn, direct, compiled_module()) == copy_data(conn, direct, None)
+    stage = [[Number(5), Real(0.5), True, Text("a")], [True, 1.0, False, "x"]]
+    assert binary_data(conn, stage, compiled_module()) == binary_data(conn, stage, None)

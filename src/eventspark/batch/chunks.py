@@ -303,7 +303,15 @@ class ChunkBuffer:
         self.kinds[name] = self.same_kind.get(data_type)
 
     def _fit(self, values: dict[str, Any], name: str, value: Any, stage: DataType) -> str | None:
-        if self.types.get(name) is not stage:
+        current = self.types.get(name)
+        if current is not stage:
+            if current is not None:
+                # Another row of this chunk typed the column otherwise (a cast that changes from
+                # row to row, as a transform's type hints can): the column takes the type that
+                # holds both, and the earlier values are converted at `take`.
+                stage = promote(current, stage)
+                self.mixed.add(name)
+                self.recode.add(name)
             self._set_type(name, stage)
         check = self.literal_checks.get(name) if self.literal_checks else None
         if check is not None:

@@ -47,6 +47,7 @@ cdef extern from "Python.h":
     void* PyUnicode_DATA(PyObject *text)
     Py_ssize_t PyUnicode_GET_LENGTH(PyObject *text)
     double float_value "PyFloat_AS_DOUBLE"(PyObject *number)
+    Py_ssize_t PY_SSIZE_T_MAX
 
 
 KIND_CODES = {bool: b"b", int: b"i", float: b"f", str: b"s"}
@@ -311,24 +312,40 @@ cdef int _put_row(Buffer *buf, object row, const unsigned char *kinds, Py_ssize_
     return 1
 
 
-def text_rows(list rows, Py_ssize_t start, bytes kinds, Py_ssize_t block_size):
-    """`(data, end, stopped)`: the text COPY data of `rows[start:end]`, at least `block_size`
-    bytes unless `end` is the last row or `stopped`; `stopped`: `rows[end]` holds a value left to
-    psycopg (module docstring). `kinds`: a `KIND_CODES` code per column."""
-    cdef Buffer buf
-    cdef Py_ssize_t end = start
-    cdef Py_ssize_t count = len(rows)
-    cdef const unsigned char *codes = kinds
-    cdef Py_ssize_t width = len(kinds)
-    cdef bint stopped = False
+cdef int _open(Buffer *buf, Py_ssize_t start, Py_ssize_t block_size) except -1:
+    """The block's buffer, after checking the arguments: the rows are read without bounds checks
+    (a negative `start` would read before the list's items), and an empty block would make the
+    caller's loop (`write_blocks`) go on for ever."""
+    if start < 0:
+        raise ValueError(f"start must not be negative, not {start}")
+    if block_size < 1 or block_size > PY_SSIZE_T_MAX - 4096:
+        raise ValueError(f"block_size out of range: {block_size}")
     buf.size = 0
     buf.capacity = block_size + 4096
     buf.data = <char *>PyMem_Malloc(buf.capacity)
     if buf.data == NULL:
         raise MemoryError()
+    return 0
+
+
+def text_rows(object rows, Py_ssize_t start, bytes kinds, Py_ssize_t block_size):
+    """`(data, end, stopped)`: the text COPY data of `rows[start:end]`, at least `block_size`
+    bytes unless `end` is the last row or `stopped`; `stopped`: `rows[end]` holds a value left to
+    psycopg (module docstring). `kinds`: a `KIND_CODES` code per column. Rows in anything but a
+    list (a subclass: its own methods decide what psycopg sees) are all left to psycopg."""
+    cdef Buffer buf
+    cdef Py_ssize_t end = start
+    cdef Py_ssize_t count
+    cdef const unsigned char *codes = kinds
+    cdef Py_ssize_t width = len(kinds)
+    cdef bint stopped = False
+    _open(&buf, start, block_size)
     try:
+        if type(rows) is not list:
+            return b"", start, True
+        count = len(<list>rows)
         while end < count and buf.size < block_size:
-            if not _put_row(&buf, rows[end], codes, width):
+            if not _put_row(&buf, (<list>rows)[end], codes, width):
                 stopped = True
                 break
             end += 1
@@ -421,7 +438,7 @@ cdef int _put_binary_row(Buffer *buf, object row, const unsigned char *kinds, Py
     return 1
 
 
-def binary_rows(list rows, Py_ssize_t start, bytes kinds, Py_ssize_t block_size):
+def binary_rows(object rows, Py_ssize_t start, bytes kinds, Py_ssize_t block_size):
     """`(data, end, stopped)` as `text_rows`, for a binary COPY: the tuples of `rows[start:end]`
     (a row of another length than `kinds` is left to psycopg too), without the header
     (`BINARY_HEADER`) or the trailer (`BINARY_TRAILER`). `kinds`: a `STAGE_CODES` code per column.
@@ -429,18 +446,17 @@ def binary_rows(list rows, Py_ssize_t start, bytes kinds, Py_ssize_t block_size)
     for a boolean, the UTF-8 of a text; -1 as the length of a NULL."""
     cdef Buffer buf
     cdef Py_ssize_t end = start
-    cdef Py_ssize_t count = len(rows)
+    cdef Py_ssize_t count
     cdef const unsigned char *codes = kinds
     cdef Py_ssize_t width = len(kinds)
     cdef bint stopped = False
-    buf.size = 0
-    buf.capacity = block_size + 4096
-    buf.data = <char *>PyMem_Malloc(buf.capacity)
-    if buf.data == NULL:
-        raise MemoryError()
+    _open(&buf, start, block_size)
     try:
+        if type(rows) is not list:  # as `text_rows`: left to psycopg
+            return b"", start, True
+        count = len(<list>rows)
         while end < count and buf.size < block_size:
-            if not _put_binary_row(&buf, rows[end], codes, width):
+            if not _put_binary_row(&buf, (<list>rows)[end], codes, width):
                 stopped = True
                 break
             end += 1

@@ -85,14 +85,18 @@ cdef class RowScan:
         self.bounds = bounds if bounds is not None else {}
         self.stale = True
 
-    def passes(self, dict values, dict kinds):
+    def passes(self, object values, dict kinds):
         """Whether every value of `values` needs no work: of its column's kind in `kinds` (an int:
         within int64; with `text_nul`, a str: without U+0000), None, or of a marker kind and
-        accepted by it. False as soon as one is not."""
+        accepted by it. False as soon as one is not, and for a dict subclass (its own methods
+        decide what the loop sees: the loop takes it)."""
         cdef Py_ssize_t pos = 0
         cdef PyObject *name
         cdef PyObject *value
         cdef PyObject *expect
+        if type(values) is not dict:
+            self.stale = True
+            return False
         while PyDict_Next(values, &pos, &name, &value):
             expect = PyDict_GetItemWithError(kinds, <object>name)
             if not self._passes(<object>name, <object>value, expect):
@@ -100,11 +104,14 @@ cdef class RowScan:
                 return False
         return True
 
-    def take(self, dict values, dict kinds, list columns):
+    def take(self, object values, dict kinds, list columns):
         """`list(map(values.get, columns))` when `passes(values, kinds)`, else None; in one pass over the
         columns where it can. The caller changes `kinds` in place only after a row that missed
         (None or False from this scan), and `columns` only by appending or replacing it; and
         every column is in `kinds` (None where a value of it never takes the fast path)."""
+        if type(values) is not dict:  # a dict subclass: the loop takes it (see `passes`)
+            self.stale = True
+            return None
         if self.stale or kinds is not self.kinds or columns is not self.columns or len(columns) != self.width:
             self._remember(kinds, columns)
         cdef Py_ssize_t width = self.width
@@ -112,6 +119,10 @@ cdef class RowScan:
         cdef Py_ssize_t found = 0
         cdef PyObject *value
         cdef list result = PyList_New(width)
+        # Out of the cycle collector from the start, not only once full (below): `_passes` may call
+        # back into Python (is_timestamp), where a tracked list would be found by gc.get_objects or
+        # gc.get_referrers with NULL items still in it, and reading one crashes the interpreter.
+        PyObject_GC_UnTrack(<PyObject *>result)
         for index in range(width):
             name = columns[index]
             value = PyDict_GetItemWithError(values, name)
@@ -125,13 +136,12 @@ cdef class RowScan:
                     return None  # the list is freed with its items set so far, the rest NULL
             Py_INCREF(item)
             PyList_SET_ITEM(result, index, item)
-        if found != len(values) and not self.passes(values, kinds):  # a field without a column
+        if found != len(<dict>values) and not self.passes(values, kinds):  # a field without a column
             return None
         # Every item is a bool, int, float, str or None (each value took the fast path), so the
-        # list cannot be part of a reference cycle: left out of the cycle collector, whose passes
-        # over a task's many kept rows cost about as much as making them. (Items set later, as
-        # `take` pads or converts a column, are of these types too.)
-        PyObject_GC_UnTrack(<PyObject *>result)
+        # list cannot be part of a reference cycle: it stays out of the cycle collector, whose
+        # passes over a task's many kept rows cost about as much as making them. (Items set later,
+        # as `take` pads or converts a column, are of these types too.)
         return result
 
     cdef _remember(self, dict kinds, list columns):
