@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from eventspark.batch import splits as splits_module
-from eventspark.batch.splits import Split, plan_splits, read_split, split_range
+from eventspark.batch.splits import Split, group_splits, plan_splits, read_split, split_range
 
 
 def test_every_line_is_read_once_for_any_cut(tmp_path: Path) -> None:
@@ -104,3 +104,55 @@ def test_split_keys_give_back_their_range(tmp_path: Path) -> None:
     for bad in ("log", "log@1", "log@a-2", "@1-2"):
         with pytest.raises(ValueError, match="not a split key"):
             split_range(bad)
+
+
+def _equal_splits(count: int, size: int = 16) -> list[Split]:
+    return [Split("a", i * size, (i + 1) * size) for i in range(count)]
+
+
+def _finish(groups: list[list[Split]], cores: int) -> int:
+    """Bytes read by the busiest core when Spark starts the groups in order on the core free first."""
+    free = [0] * cores
+    for group in groups:
+        at = free.index(min(free))
+        free[at] += sum(s.end - s.start for s in group)
+    return max(free)
+
+
+def test_fourteen_equal_splits_on_two_cores_finish_together() -> None:
+    """The layout of a 200k-event bench pass: `parallelize` cutting 14 splits in 8 tasks by count
+    (1, 2, 2, 2, 1, 2, 2, 2) kept one core a split longer than the other; cut by bytes, the two
+    cores read 7 splits each, still in 8 tasks."""
+    splits = _equal_splits(14)
+    by_count = [splits[i * 14 // 8 : (i + 1) * 14 // 8] for i in range(8)]
+    assert _finish(by_count, 2) == 8 * 16
+    groups = group_splits(splits, cores=2, per_core=4)
+    assert len(groups) == 8
+    assert _finish(groups, 2) == 7 * 16
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 4])
+def test_groups_are_consecutive_and_keep_every_core_equally_busy(cores: int) -> None:
+    for count in range(1, 80):
+        splits = _equal_splits(count)
+        groups = group_splits(splits, cores, per_core=4)
+        assert [split for group in groups for split in group] == splits  # in order: task ids follow the events
+        assert all(groups)
+        assert len(groups) <= 4 * cores
+        assert len(groups) == count or len(groups) % cores == 0
+        # No core reads more splits than the fair share rounded up.
+        assert _finish(groups, cores) == -(-count // cores) * 16, (count, [len(g) for g in groups])
+
+
+def test_smaller_last_splits_are_weighed_by_their_bytes() -> None:
+    # Log a: three full splits and a small last one; log b: one full and a small last one. Cut by
+    # count, one core would read the three full splits of a (300 bytes) and the other 120.
+    a = [Split("a", 0, 100), Split("a", 100, 200), Split("a", 200, 300), Split("a", 300, 310)]
+    b = [Split("b", 0, 100), Split("b", 100, 110)]
+    groups = group_splits([*a, *b], cores=2, per_core=1)
+    assert groups == [a[:2], [*a[2:], *b]]
+    assert _finish(groups, 2) == 220
+
+
+def test_no_splits_no_groups() -> None:
+    assert group_splits([], cores=2, per_core=4) == []
