@@ -190,6 +190,14 @@ class PartitionTask:
             self.sample_left -= 1
             self.add_sampled(line, file, token, event, dest_ids)
             return
+        if len(dest_ids) == 1:  # the usual case, without the loop
+            dest_id = dest_ids[0]
+            chain = self.chains.get(dest_id) or self.chain(dest_id)
+            if chain.transform is None:
+                self.route(file, dest_id, event, line, chain)
+            else:
+                self.defer(file, dest_id, event, line)
+            return
         last = len(dest_ids) - 1
         for index, dest_id in enumerate(dest_ids):
             # The chain changes the event it runs on: every destination but the last gets a copy.
@@ -237,12 +245,15 @@ class PartitionTask:
                 payload = sample_row(dest_id, token, line, result, column_type, existing)
                 self.samples.append((file, dest_id, payload))
 
-    def route(self, file: str, dest_id: str, event: dict[str, Any], line: bytes) -> Row | Failure | bool | None:
-        """Runs the chain and places the row; returns (for samples) the Row placed, the Failure,
-        None when skipped, False when the pair is done already."""
+    def route(
+        self, file: str, dest_id: str, event: dict[str, Any], line: bytes, chain: DestinationChain | None = None
+    ) -> Row | Failure | bool | None:
+        """Runs the chain (`chain`: the destination's, when the caller has it) and places the row;
+        returns (for samples) the Row placed, the Failure, None when skipped, False when the pair
+        is done already."""
         try:
             ensure_event_id(event, line)  # a line from elsewhere may have none (deterministic id)
-            result = self.chain(dest_id).process(event)
+            result = (chain or self.chain(dest_id)).process(event)
         except Exception as exc:  # one odd event must not stop every log behind it
             result = Failure(f"the pipeline steps failed on this event: {type(exc).__name__}: {exc}")
         return self.settle(file, dest_id, result, line)
@@ -273,7 +284,10 @@ class PartitionTask:
             self.fail(file, dest_id, table, line, target)
             return Failure(target)
         buffer, counts, limit = target
-        error = buffer.add(result.values, result.casts, self.seq(file))
+        base = self.seq_bases.get(file)  # `seq`, inline: once per event
+        if base is None:
+            base = self.seq_base(file)
+        error = buffer.add(result.values, result.casts, base | self.line_number)
         if error is not None:
             if error is STAGE:
                 return self.stage_split(file, dest_id, result, line)
@@ -282,7 +296,7 @@ class PartitionTask:
         counts[0] += 1
         if self.plan.recognition and dest_id in self.plan.recognition:
             self.sight(dest_id, table, result.values)
-        if len(buffer) >= limit:
+        if limit != _WHOLE_SPLIT and len(buffer) >= limit:  # a DIRECT or DONE target waits for the split's end
             self.flush(dest_id, buffer)
         return result
 
@@ -387,12 +401,11 @@ class PartitionTask:
         self.direct_tables[key] = columns
         return columns
 
-    def seq(self, file: str) -> int:
-        # Later logs first by rank, then task, then line: the last event of a key wins an upsert.
-        base = self.seq_bases.get(file)
-        if base is None:
-            base = self.seq_bases[file] = (self.plan.file_ranks.get(file, 0) << 44) | (self.partition_id << 28)
-        return base | self.line_number
+    def seq_base(self, file: str) -> int:
+        """The high bits of the `seq` of the rows of `file` (`place` adds the line number): later
+        logs first by rank, then task, then line, so the last event of a key wins an upsert."""
+        base = self.seq_bases[file] = (self.plan.file_ranks.get(file, 0) << 44) | (self.partition_id << 28)
+        return base
 
     def buffer(self, dest_id: str, table: str) -> ChunkBuffer:
         key = (dest_id, table)
