@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import importlib
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
@@ -26,22 +25,14 @@ from eventspark.batch.direct import DirectBuffer, DirectColumns, direct_columns
 from eventspark.destinations.base import ORDER_COLUMN
 from eventspark.steps.diff import UnmappedRule
 from eventspark.steps.typing import DataType, is_timestamp
+from tests.compiled import compiled
 
-NOT_BUILT = (
-    "eventspark.speedups._rows is not built in this install: `make install` builds it "
-    "(or `.venv/bin/python setup.py build_ext --inplace`)"
-)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 Buffer = TypeVar("Buffer", ChunkBuffer, DirectBuffer)
 
 
 def compiled_module() -> ModuleType:
-    # Imported directly rather than through speedups.load: these tests compare both paths even
-    # when EVENTSPARK_PURE_PYTHON turns the compiled one off for the buffers.
-    try:
-        return importlib.import_module("eventspark.speedups._rows")
-    except ImportError as exc:
-        pytest.fail(f"{NOT_BUILT} ({exc})")
+    return compiled("rows")
 
 
 def pair(owner: ModuleType, make: Callable[[], Buffer]) -> tuple[Buffer, Buffer]:

@@ -10,7 +10,6 @@ contents must then be the same. These tests fail, rather than skip, when the mod
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import io
 import math
 import uuid
@@ -31,21 +30,12 @@ from eventspark.destinations.postgres import client as client_module
 from eventspark.destinations.postgres import direct as direct_module
 from eventspark.destinations.postgres.client import copy_binary_rows
 from eventspark.destinations.postgres.direct import copy_rows
+from tests.compiled import compiled
 from tests.conftest import pg_conninfo
-
-NOT_BUILT = (
-    "eventspark.speedups._copytext is not built in this install: `make install` builds it "
-    "(or `.venv/bin/python setup.py build_ext --inplace`)"
-)
 
 
 def compiled_module() -> ModuleType:
-    # Imported directly rather than through speedups.load: these tests compare both paths even
-    # when EVENTSPARK_PURE_PYTHON turns the compiled one off for the writer.
-    try:
-        return importlib.import_module("eventspark.speedups._copytext")
-    except ImportError as exc:
-        pytest.fail(f"{NOT_BUILT} ({exc})")
+    return compiled("copytext")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import decimal
 import enum
-import importlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,20 +23,11 @@ from hypothesis import strategies as st
 from eventspark import speedups
 from eventspark.steps import flatten as flatten_module
 from eventspark.steps.flatten import MAX_DEPTH
-
-NOT_BUILT = (
-    "eventspark.speedups._flatten is not built in this install: `make install` builds it "
-    "(or `.venv/bin/python setup.py build_ext --inplace`)"
-)
+from tests.compiled import compiled
 
 
 def compiled_module() -> ModuleType:
-    # Imported directly rather than through speedups.load: these tests compare both walks even
-    # when EVENTSPARK_PURE_PYTHON turns the compiled one off for flatten().
-    try:
-        return importlib.import_module("eventspark.speedups._flatten")
-    except ImportError as exc:
-        pytest.fail(f"{NOT_BUILT} ({exc})")
+    return compiled("flatten")
 
 
 def compiled_walk() -> Callable[..., int]:

@@ -333,6 +333,14 @@ def text_rows(object rows, Py_ssize_t start, bytes kinds, Py_ssize_t block_size)
     bytes unless `end` is the last row or `stopped`; `stopped`: `rows[end]` holds a value left to
     psycopg (module docstring). `kinds`: a `KIND_CODES` code per column. Rows in anything but a
     list (a subclass: its own methods decide what psycopg sees) are all left to psycopg."""
+    return _block(rows, start, kinds, block_size, _put_row)
+
+
+ctypedef int (*PutRow)(Buffer *buf, object row, const unsigned char *kinds, Py_ssize_t width) except -1
+
+
+cdef tuple _block(object rows, Py_ssize_t start, bytes kinds, Py_ssize_t block_size, PutRow put):
+    """`text_rows` and `binary_rows`: the rows from `start` while `put` takes them, up to a block."""
     cdef Buffer buf
     cdef Py_ssize_t end = start
     cdef Py_ssize_t count
@@ -345,7 +353,7 @@ def text_rows(object rows, Py_ssize_t start, bytes kinds, Py_ssize_t block_size)
             return b"", start, True
         count = len(<list>rows)
         while end < count and buf.size < block_size:
-            if not _put_row(&buf, (<list>rows)[end], codes, width):
+            if not put(&buf, (<list>rows)[end], codes, width):
                 stopped = True
                 break
             end += 1
@@ -444,22 +452,4 @@ def binary_rows(object rows, Py_ssize_t start, bytes kinds, Py_ssize_t block_siz
     (`BINARY_HEADER`) or the trailer (`BINARY_TRAILER`). `kinds`: a `STAGE_CODES` code per column.
     Each field as psycopg's binary dumpers write it: big-endian bigint and float8, one byte 1/0
     for a boolean, the UTF-8 of a text; -1 as the length of a NULL."""
-    cdef Buffer buf
-    cdef Py_ssize_t end = start
-    cdef Py_ssize_t count
-    cdef const unsigned char *codes = kinds
-    cdef Py_ssize_t width = len(kinds)
-    cdef bint stopped = False
-    _open(&buf, start, block_size)
-    try:
-        if type(rows) is not list:  # as `text_rows`: left to psycopg
-            return b"", start, True
-        count = len(<list>rows)
-        while end < count and buf.size < block_size:
-            if not _put_binary_row(&buf, (<list>rows)[end], codes, width):
-                stopped = True
-                break
-            end += 1
-        return PyBytes_FromStringAndSize(buf.data, buf.size), end, stopped
-    finally:
-        PyMem_Free(buf.data)
+    return _block(rows, start, kinds, block_size, _put_binary_row)
