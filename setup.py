@@ -26,12 +26,14 @@ def extensions() -> list[Extension]:
     except ImportError:  # pyproject's build requirements bring it; a build without them gets none
         print("warning: Cython is missing: the speed-ups are not built", file=sys.stderr)
         return []
-    modules = [
-        Extension(f"eventspark.speedups._{name}", [f"src/eventspark/speedups/_{name}.pyx"], optional=True)
-        for name in MODULES
-    ]
+    modules = [Extension(f"eventspark.speedups._{name}", [f"src/eventspark/speedups/_{name}.pyx"]) for name in MODULES]
     directives = {"language_level": "3", "boundscheck": False, "wraparound": False}
-    return cythonize(modules, compiler_directives=directives, quiet=True)
+    built = cythonize(modules, compiler_directives=directives, quiet=True)
+    for ext in built:
+        # cythonize's Extensions drop `optional`, and without it an in-place build (`pip install
+        # -e .`, `build_ext --inplace`) fails copying a module the compiler could not build.
+        ext.optional = True
+    return built
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

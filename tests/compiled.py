@@ -9,13 +9,16 @@ from types import ModuleType
 
 import pytest
 
+from eventspark import speedups
+
 
 def compiled(name: str) -> ModuleType:
     """`eventspark.speedups._<name>`; the test fails (not skips) when it is not built."""
+    rebuild = "`make install` builds it (or `.venv/bin/python setup.py build_ext --inplace`)"
     try:
-        return importlib.import_module(f"eventspark.speedups._{name}")
+        module = importlib.import_module(f"eventspark.speedups._{name}")
     except ImportError as exc:
-        pytest.fail(
-            f"eventspark.speedups._{name} is not built in this install: `make install` builds it "
-            f"(or `.venv/bin/python setup.py build_ext --inplace`) ({exc})"
-        )
+        pytest.fail(f"eventspark.speedups._{name} is not built in this install: {rebuild} ({exc})")
+    if speedups.stale(module, name):
+        pytest.fail(f"eventspark.speedups._{name} is older than _{name}.pyx: {rebuild}")
+    return module

@@ -53,7 +53,11 @@ def _speedups_state() -> str:
         return "in use (" + ", ".join(speedups.MODULES) + ")"
     if speedups.pure():
         return f"turned off ({speedups.PURE_ENV})"
-    return "not built: " + ", ".join(missing) + " (pure Python; `make install` with a C compiler builds them)"
+    return (
+        "not built or out of date: "
+        + ", ".join(missing)
+        + " (pure Python; `make install` with a C compiler builds them)"
+    )
 
 
 @app.command()

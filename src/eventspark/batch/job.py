@@ -661,7 +661,11 @@ class BatchJob:
         if len(logs) < 2:
             return [archive_log(path, self.events_dir / "archive") for path in logs]
         with ThreadPoolExecutor(min(len(logs), os.cpu_count() or 1)) as pool:
-            return list(pool.map(lambda path: archive_log(path, self.events_dir / "archive"), logs))
+            futures = [pool.submit(archive_log, path, self.events_dir / "archive") for path in logs]
+        for path, future in zip(logs, futures, strict=True):
+            if future.exception() is not None:
+                log.error("archiving %s failed: %s", path.name, future.exception())
+        return [future.result() for future in futures]  # the first failure ends the pass
 
     def _write_outcomes(
         self,

@@ -74,7 +74,7 @@ def _log_speedups() -> None:
         log.info("compiled speed-ups turned off (%s): pure-Python steps", speedups.PURE_ENV)
     else:
         log.warning(
-            "compiled speed-ups not built (%s): pure-Python steps, about twice the CPU per event; "
+            "compiled speed-ups not built or out of date (%s): pure-Python steps, about twice the CPU per event; "
             "`make install` on a machine with a C compiler builds them",
             ", ".join(missing),
         )

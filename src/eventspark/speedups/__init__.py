@@ -5,7 +5,9 @@ has a C compiler (`make install` builds them in place; `Extension(optional=True)
 compiler the install goes on). The Python module it speeds up keeps its own implementation and
 takes the compiled one when it loads (`load`); the tests run both on the same inputs and require
 the same results. `EVENTSPARK_PURE_PYTHON=1` turns them all off (set it for the driver: local Spark
-workers inherit it).
+workers inherit it). A module built before its `.pyx` last changed (a tree updated without
+`make install`) is stale: `load` leaves it out with a warning, as its code may not be what the
+Python side that calls it expects.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from pathlib import Path
 from types import ModuleType
 
 MODULES = ("flatten", "rows", "copytext")
@@ -27,16 +30,30 @@ def pure() -> bool:
 
 
 def load(name: str) -> ModuleType | None:
-    """The compiled module `_<name>`; None when turned off or not built (the caller keeps its
-    pure-Python implementation)."""
+    """The compiled module `_<name>`; None when turned off, not built or stale (the caller keeps
+    its pure-Python implementation)."""
     if pure():
         return None
     try:
-        return importlib.import_module(f"eventspark.speedups._{name}")
+        module = importlib.import_module(f"eventspark.speedups._{name}")
     except ImportError:
         return None
+    if stale(module, name):
+        log.warning("eventspark.speedups._%s is older than its .pyx: not used (`make install` rebuilds it)", name)
+        return None
+    return module
+
+
+def stale(module: ModuleType, name: str) -> bool:
+    """Whether `module` was built before `_<name>.pyx` last changed. Only where the source sits
+    beside it (a source tree, `pip install -e .`): a wheel ships no .pyx."""
+    source = Path(__file__).with_name(f"_{name}.pyx")
+    try:
+        return source.stat().st_mtime > Path(module.__file__ or "").stat().st_mtime
+    except OSError:
+        return False
 
 
 def missing() -> list[str]:
-    """The speed-ups that are not in use (not built, or all of them when turned off)."""
+    """The speed-ups that are not in use (not built, stale, or all of them when turned off)."""
     return [name for name in MODULES if load(name) is None]
