@@ -246,6 +246,26 @@ def test_nesting_beyond_the_depth_limit() -> None:
     assert assert_same({"k": exact})[0][1][0][1] is str  # one deeper it is JSON
 
 
+def test_a_subtree_too_deep_for_json_fails_alike_whatever_the_stack() -> None:
+    # Beyond orjson's 255 levels the subtree cannot be stored: both walks raise, and so does the
+    # reference from a deep Python stack or a shallow one (the stdlib encoder, which would take it
+    # or not depending on the caller's stack, is not asked).
+    deep: object = 1
+    for _ in range(600):
+        deep = {"x": deep}
+    event = {"a": 1, "deep": deep}
+    assert assert_same(event)[0][0] == "raised"
+
+    def nested(levels: int) -> tuple:
+        return (
+            nested(levels - 1)
+            if levels
+            else outcome(lambda: flatten_module._flatten_into(event, flatten_module._NameNode(""), {}, 1))
+        )
+
+    assert nested(0)[0] == nested(500)[0] == "raised"
+
+
 def test_the_same_exceptions() -> None:
     deep_list: list = []
     for _ in range(5000):

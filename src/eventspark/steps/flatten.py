@@ -105,12 +105,21 @@ def column_name(path: Sequence[str]) -> str:
     return _bound("_".join(_sanitize_key(key) for key in path)) if path else "_"
 
 
+_TOO_DEEP = "Recursion limit reached"
+"""orjson's TypeError for a value nested beyond its limit (255 levels)."""
+
+
 def to_json(value: object) -> str:
-    """A compact JSON string for an array (or an object nested too deeply)."""
+    """A compact JSON string for an array (or an object nested too deeply).
+
+    A value orjson refuses as nested too deeply raises ValueError here, whoever calls: the stdlib
+    encoder would take it or not depending on how deep the caller's own Python stack already is
+    (the compiled flatten walk uses none of it), so the same event could load or fail."""
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
-    except TypeError:  # orjson refuses ints beyond 64 bits, unknown types and deep nesting
-        pass
+    except TypeError as exc:  # orjson refuses ints beyond 64 bits, unknown types and deep nesting
+        if str(exc) == _TOO_DEEP:
+            raise ValueError("array or object is nested too deeply to store as JSON") from exc
     try:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
     except (RecursionError, ValueError) as exc:
@@ -126,8 +135,9 @@ def json_text(value: object) -> str:
     """
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
-    except TypeError:  # orjson refuses ints beyond 64 bits, unknown types and deep nesting
-        pass
+    except TypeError as exc:  # orjson refuses ints beyond 64 bits, unknown types and deep nesting
+        if str(exc) == _TOO_DEEP:  # as `to_json`
+            raise ValueError("the value cannot be stored as JSON (nested too deeply?)") from exc
     try:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True, default=str)
     except (RecursionError, TypeError, ValueError) as exc:
