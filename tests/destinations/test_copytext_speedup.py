@@ -219,15 +219,19 @@ def table_rows(draw: st.DrawFn) -> list[list[Any]]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def tables(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, str]]:
+def twin_tables(conn: psycopg.Connection[Any], defs: str) -> Iterator[tuple[str, str]]:
+    """Two tables of columns `defs` in a schema of their own (dropped after): one for each path."""
     schema = f"t_{uuid.uuid4().hex[:12]}"
-    defs = ", ".join(f"{name} {sql_type}" for name, (sql_type, _) in COLUMNS.items())
     conn.execute(f'CREATE SCHEMA "{schema}"')
     for table in ("by_psycopg", "by_compiled"):
         conn.execute(f'CREATE TABLE "{schema}".{table} ({defs})')
     yield f'"{schema}".by_psycopg', f'"{schema}".by_compiled'
     conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture(scope="module")
+def tables(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, str]]:
+    yield from twin_tables(conn, ", ".join(f"{name} {sql_type}" for name, (sql_type, _) in COLUMNS.items()))
 
 
 def copied(conn: psycopg.Connection[Any], table: str, rows: list[list[Any]], compiled: ModuleType | None) -> Any:
@@ -345,13 +349,8 @@ def test_the_rest_of_the_stage_rows_go_to_psycopg(
 
 @pytest.fixture(scope="module")
 def stage_tables(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, str]]:
-    schema = f"t_{uuid.uuid4().hex[:12]}"
     defs = ", ".join(f"{name} {stage_type}" for name, (stage_type, _) in STAGE.items())
-    conn.execute(f'CREATE SCHEMA "{schema}"')
-    for table in ("by_psycopg", "by_compiled"):
-        conn.execute(f'CREATE TABLE "{schema}".{table} (id bigint, {defs})')
-    yield f'"{schema}".by_psycopg', f'"{schema}".by_compiled'
-    conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    yield from twin_tables(conn, f"id bigint, {defs}")
 
 
 def staged(conn: psycopg.Connection[Any], table: str, rows: list[list[Any]], compiled: ModuleType | None) -> Any:
