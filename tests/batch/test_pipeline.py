@@ -77,6 +77,9 @@ def test_fixture_log_loads_into_duckdb_and_postgres(spark: Any, tmp_path: Path, 
     # Every pair uploaded: the log went to the archive with its status file.
     assert not log.exists() and not status_path(log).exists()
     assert result.archived and result.archived[0].name == log.name + ".gz"
+    # Each phase of the pass was timed (`bench/scale.py` models a pass from them).
+    assert set(result.timings) == {"plan", "stage", "load", "settle", "archive"}
+    assert all(seconds > 0 for seconds in result.timings.values())
 
 
 def test_types_promote_across_files_and_misfits_fail_alone(spark: Any, tmp_path: Path) -> None:

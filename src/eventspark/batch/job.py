@@ -111,6 +111,12 @@ class JobResult:
     """Rotated logs not read this pass (also in `kept`): none of their failed pairs is due yet."""
     gave_up: dict[str, int] = field(default_factory=dict)
     """Destination id → events sent to `failed/` because their pair gave up (the retry policy)."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase of the pass, summed over its jobs: `plan` (statuses, markers, tables,
+    splits: the driver, before Spark), `stage` (the Spark job: the executors' part), `load`
+    (patches, commits, users recognition), `settle` (failed events, status files), `archive`.
+    `bench/scale.py` models a pass from them: every phase but `stage` runs once per pass on the
+    driver."""
 
     @property
     def ok(self) -> bool:
@@ -274,6 +280,7 @@ class BatchJob:
         result: JobResult,
         only: str | None = None,
     ) -> JobResult:
+        clock = _Phases(result.timings)
         statuses = {p.name: read_status(p) for p in logs}
         schedule = self._schedule(logs, statuses, only)
         logs = self._idle(logs, statuses, schedule, result)
@@ -287,25 +294,31 @@ class BatchJob:
         plan = self._plan(job_id, logs, statuses, schedule, adapters, dest_errors, failed_events, only)
         fresh = {(name, d) for name in plan.file_tokens for d in plan.destinations if (name, d) not in plan.skip}
         fresh -= seen
-        started = time.monotonic()
+        clock.lap("plan")
         collected = self._execute(session, plan) if plan.destinations else _Collected()
-        executed = time.monotonic()
+        stage = clock.lap("stage")
         # Users recognition's ids outlive a crash between the commits and its run (`recognition.state`).
         keep_sightings(self.events_dir, collected.sightings, set(plan.recognition))
         failed_events.park(collected.spools, fresh)
         outcomes = self._load(collected, adapters, result)
         self._recognize(collected, adapters)
         result.samples += settle_samples(collected.samples, outcomes)
+        load = clock.lap("load")
         log.info(
             "job %s: %d log(s), Spark stage %.2f s, patch and commit %.2f s",
             job_id,
             len(logs),
-            executed - started,
-            time.monotonic() - executed,
+            stage,
+            load,
         )
         if self.fault is not None:
             self.fault("committed")
-        self._settle(logs, statuses, schedule, fresh, plan, collected, outcomes, dest_errors, failed_events, result)
+        done = self._settle(
+            logs, statuses, schedule, fresh, plan, collected, outcomes, dest_errors, failed_events, result
+        )
+        clock.lap("settle")
+        result.archived.extend(self._archive(done))  # after the append lock: gzipping takes a while
+        clock.lap("archive")
         return result
 
     def _recognize(self, collected: _Collected, adapters: dict[str, DestinationAdapter]) -> None:
@@ -621,7 +634,8 @@ class BatchJob:
         dest_errors: dict[str, str],
         failed_events: FailedEvents,
         result: JobResult,
-    ) -> None:
+    ) -> list[Path]:
+        """Records the pass's outcomes (statuses, failed events); returns the logs to archive."""
         now = schedule.now
         updates: dict[str, LogStatus] = defaultdict(dict)
         for (name, dest_id, table), (rows, failed, skipped) in collected.counts.items():
@@ -649,9 +663,8 @@ class BatchJob:
                 dest_id,
                 events,
             )
-        done = [path for path, status in merged.items() if all_uploaded(status)]
         result.kept.extend(path for path, status in merged.items() if not all_uploaded(status))
-        result.archived.extend(self._archive(done))  # after the append lock: gzipping takes a while
+        return [path for path, status in merged.items() if all_uploaded(status)]
 
     def _archive(self, logs: list[Path]) -> list[Path]:
         """Gzips `logs` into the archive, several at once: ISA-L releases the GIL, and the pass
@@ -763,6 +776,20 @@ class BatchJob:
             log.warning("could not drop the staging of job %s: %s", job_id, exc)
         finally:
             adapter.close()
+
+
+class _Phases:
+    """Adds the seconds since the previous lap to a phase of `JobResult.timings`."""
+
+    def __init__(self, timings: dict[str, float]) -> None:
+        self.timings = timings
+        self.last = time.monotonic()
+
+    def lap(self, phase: str) -> float:
+        now = time.monotonic()
+        took, self.last = now - self.last, now
+        self.timings[phase] = self.timings.get(phase, 0.0) + took
+        return took
 
 
 def _fold(collected: _Collected, result: TaskResult) -> None:

@@ -150,8 +150,22 @@ class ServerConfig(Section):
     destinations_reload_sec: float = Field(default=5, gt=0, description="reload period of destinations given as a URL")
 
 
+class RemoteLogs(Section):
+    """`log.remote`: rotated logs, their status files, the archive and failed files on object
+    storage (any fsspec URL: `s3://bucket/prefix`, `gs://…`, `file:///…`), so that collector
+    nodes and a Spark cluster share no filesystem (`eventspark.logs.remote`)."""
+
+    url: str = Field(description="fsspec URL of the folder, e.g. s3://bucket/prefix")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec's options of the URL's filesystem, e.g. key, secret, endpoint_url"
+    )
+
+
 class LogConfig(Section):
     path: str = "./events"
+    remote: RemoteLogs | None = Field(
+        default=None, description="rotated logs uploaded to object storage and loaded from there (unset: local only)"
+    )
     rotation_min: float = Field(default=5, gt=0)
     uploader_period_sec: float = Field(default=60, gt=0)
     archive_retention_days: float | None = Field(
