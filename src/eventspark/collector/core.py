@@ -30,6 +30,7 @@ from eventspark.collector.proxies import TrustedProxies
 from eventspark.config.models import Config
 from eventspark.config.sources import SourcesWatch
 from eventspark.logs.incoming import IncomingLogs
+from eventspark.logs.upload import upload_rotated
 from eventspark.ops.cache import events_cache_for, token_ids
 from eventspark.ops.metrics import Snapshots, process_snapshots
 from eventspark.ops.passes import RotationRequests
@@ -86,6 +87,8 @@ class Collector:
             token_id: route.batch_destinations + route.stream_destinations for token_id, route in self.routes.items()
         }
         self._rotation: asyncio.Task[None] | None = None
+        self._upload: asyncio.Task[None] | None = None
+        """The upload of rotated logs to `log.remote` under way in a thread (`_start_upload`)."""
         self.sources_watch: SourcesWatch | None = None
         """The config published by the serving process when api_keys or destinations are URLs."""
         self._following: asyncio.Task[None] | None = None
@@ -125,6 +128,7 @@ class Collector:
         for spool in [*self.spools.values(), *self._retired.values()]:
             spool.close(sync=self.logs.fsync)
         rotated = self.logs.close()
+        self._upload_now()
         if self.snapshots is not None:
             self.snapshots.release(self.metrics.sample)  # its last counts stay in the node's sums
         if self.events_cache is not None:
@@ -142,6 +146,7 @@ class Collector:
         period = self.config.log.rotation_min * 60
         # A pass request may ask every collector process to rotate now (`ops.passes`).
         rotations = RotationRequests(self.log_path, self.worker)
+        self._start_upload()  # what a previous run left
         while True:
             asked = await rotations.wait(period)
             try:
@@ -149,6 +154,33 @@ class Collector:
             except OSError as exc:  # each file that failed is logged; no traceback a period
                 logger.error("rotating incoming logs failed (%s); retrying next period", exc)
             rotations.done(asked)
+            self._start_upload()
+
+    # --- uploads to log.remote (eventspark.logs.upload) -------------------------------------------
+
+    def _start_upload(self) -> None:
+        """With `log.remote`, uploads the rotated logs in a thread: a slow or down store never holds
+        up ingestion nor rotation. One upload at a time; one that fails is retried after the next
+        rotation (its logs stay local)."""
+        if self.config.log.remote is None or (self._upload is not None and not self._upload.done()):
+            return
+        self._upload = asyncio.get_running_loop().create_task(self._upload_in_thread())
+
+    async def _upload_in_thread(self) -> None:
+        try:
+            await asyncio.to_thread(upload_rotated, self.config)
+        except Exception:  # e.g. s3fs not installed: said at every rotation, events stay local
+            logger.exception("uploading rotated logs to log.remote failed; retrying after the next rotation")
+
+    def _upload_now(self) -> None:
+        """The last upload, at shutdown: no request is served any more, so it runs here (bounded:
+        `upload_rotated` gives up on a down store), after an upload thread still running (its lock)."""
+        if self.config.log.remote is None:
+            return
+        try:
+            upload_rotated(self.config)
+        except Exception:
+            logger.exception("uploading rotated logs to log.remote at shutdown failed; they stay local")
 
     # --- reloaded config (eventspark.config.sources) ----------------------------------------------
 

@@ -46,6 +46,13 @@ def require_drivers(loaded: LoadedConfig) -> None:
             destination_type(dest.type).require_driver()
         except DestinationError as exc:
             problems.append(f"destinations.{dest_id}: {exc}")
+    if loaded.config.log.remote is not None:  # fsspec and s3fs/gcsfs are optional (remote-* extras)
+        from eventspark.logs.remote import RemoteUnavailable, require_remote
+
+        try:
+            require_remote(loaded.config.log.remote)
+        except RemoteUnavailable as exc:
+            problems.append(str(exc))
     from eventspark.coordination import CoordinationError, build_coordination
 
     try:  # imports the backend's driver; connects only on first use

@@ -4,7 +4,9 @@ The collector appends enriched events, one JSON object per line, to `incoming.to
 (`incoming.tok=<id>|w=<n>.log` when several worker processes write) with `os.write`, so a line
 is in the operating system before the client is answered and survives a crash of the process.
 Every `log.rotation_min` minutes, and on shutdown, non-empty live files are renamed to
-`incoming.tok=<id>-YYYY-MM-DDTHH-MM-SS.mmm.log` (UTC), the files the batch job reads.
+`incoming.tok=<id>-YYYY-MM-DDTHH-MM-SS.mmm.log` (UTC), the files the batch job reads. Uploaded
+to `log.remote`, a rotated log's name also carries the node: `incoming.tok=<id>|n=<node>-…`
+(`with_node`, `eventspark.logs.upload`).
 
 The process serving the collector holds an exclusive `flock` on `incoming/.server.lock` for its
 whole life (worker processes inherit it). `rotate_incoming_logs` takes the same lock without
@@ -37,6 +39,7 @@ __all__ = [
     "rotate_incoming_logs",
     "rotate_live_files",
     "rotated_log_name",
+    "with_node",
 ]
 
 logger = logging.getLogger(__name__)
@@ -46,8 +49,10 @@ _PREFIX = "incoming.tok="
 _STAMP = "%Y-%m-%dT%H-%M-%S"
 # The fraction after the seconds is optional and of any length, as EventNative's uploader
 # accepted (`incoming.tok=*-20*.log`): its logs may end `.1234.log` or have no fraction at all.
+# `|n=<node>`: the collector node (`server.name`) in the names of logs uploaded to `log.remote`,
+# so that two nodes rotating one token in the same millisecond never write the same object.
 _NAME = re.compile(
-    r"^incoming\.tok=(?P<tok>.+?)(?:\|w=(?P<worker>\d+))?"
+    r"^incoming\.tok=(?P<tok>.+?)(?:\|n=(?P<node>[^|/\\\x00]+?))?(?:\|w=(?P<worker>\d+))?"
     r"(?:-(?P<stamp>\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d)(?:\.(?P<ms>\d{1,9}))?)?\.log$"
 )
 # Characters that would change a file name's meaning (a path, the `|` separator, the escape itself).
@@ -59,11 +64,13 @@ _UNSAFE_ID = re.compile(r"[/\\|%\x00]|^\.")
 
 @dataclass(frozen=True, slots=True)
 class LogName:
-    """What an incoming file name says: the token id, the worker, and the rotation time if rotated."""
+    """What an incoming file name says: the token id, the worker, the rotation time if rotated, and
+    the collector node in the names of logs uploaded to `log.remote` (None in local names)."""
 
     token_id: str
     worker: int | None = None
     rotated_at: datetime | None = None
+    node: str | None = None
 
 
 def _quote_id(token_id: str) -> str:
@@ -71,8 +78,9 @@ def _quote_id(token_id: str) -> str:
     return quote(token_id, safe="") if _UNSAFE_ID.search(token_id) else token_id
 
 
-def _base(token_id: str, worker: int | None) -> str:
-    suffix = "" if worker is None else f"|w={worker}"
+def _base(token_id: str, worker: int | None, node: str | None = None) -> str:
+    suffix = "" if node is None else f"|n={_quote_id(node)}"
+    suffix += "" if worker is None else f"|w={worker}"
     return f"{_PREFIX}{_quote_id(token_id)}{suffix}"
 
 
@@ -81,10 +89,23 @@ def live_log_name(token_id: str, worker: int | None = None) -> str:
     return _base(token_id, worker) + ".log"
 
 
-def rotated_log_name(token_id: str, at: datetime, worker: int | None = None) -> str:
-    """`incoming.tok=<id>-YYYY-MM-DDTHH-MM-SS.mmm.log` (UTC; `|w=<n>` after the id for workers)."""
+def rotated_log_name(token_id: str, at: datetime, worker: int | None = None, node: str | None = None) -> str:
+    """`incoming.tok=<id>-YYYY-MM-DDTHH-MM-SS.mmm.log` (UTC; `|w=<n>` after the id for workers,
+    `|n=<node>` before it in the names of logs uploaded to `log.remote`)."""
     at = at.astimezone(UTC) if at.tzinfo is not None else at
-    return f"{_base(token_id, worker)}-{at.strftime(_STAMP)}.{at.microsecond // 1000:03d}.log"
+    return f"{_base(token_id, worker, node)}-{at.strftime(_STAMP)}.{at.microsecond // 1000:03d}.log"
+
+
+def with_node(name: str, node: str) -> str | None:
+    """The rotated log `name` with `|n=<node>` after its token id, the rest (stamp included) kept
+    as it is; `name` itself when it names a node already; None when it is not a rotated log."""
+    match = _NAME.match(name)
+    if match is None or not match.group("stamp"):
+        return None
+    if match.group("node") is not None:
+        return name
+    end = match.end("tok")
+    return f"{name[:end]}|n={_quote_id(node)}{name[end:]}"
 
 
 def parse_log_name(name: str) -> LogName | None:
@@ -98,7 +119,13 @@ def parse_log_name(name: str) -> LogName | None:
         stamp = datetime.strptime(match.group("stamp"), _STAMP).replace(tzinfo=UTC)
         fraction = match.group("ms") or ""
         rotated_at = stamp.replace(microsecond=int((fraction + "000000")[:6]))
-    return LogName(unquote(match.group("tok")), None if worker is None else int(worker), rotated_at)
+    node = match.group("node")
+    return LogName(
+        unquote(match.group("tok")),
+        None if worker is None else int(worker),
+        rotated_at,
+        None if node is None else unquote(node),
+    )
 
 
 # --- one append-only file -------------------------------------------------------------------------

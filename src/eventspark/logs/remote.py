@@ -13,6 +13,21 @@ from typing import Any
 
 from eventspark.config.models import RemoteLogs
 
+ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az"})
+"""Object stores where a put is atomic (a reader sees the whole object or none): a log is put
+under its final name. Elsewhere (file://, sftp, ...) it is written under `incoming/.tmp/` and
+moved once verified (`eventspark.logs.upload`)."""
+
+PUT_OPTIONS: dict[str, dict[str, Any]] = {
+    # s3fs reads a log below 2 parts into memory and puts it whole, else multipart, `chunksize` a
+    # part, `max_concurrency` parts in memory at once; gcsfs uploads in `chunksize` pieces.
+    "s3": {"max_concurrency": 2},
+    "s3a": {"max_concurrency": 2},
+    "gs": {},
+    "gcs": {},
+}
+"""Extra `put_file` options of the stores that take a part size (`chunksize`, set per call)."""
+
 
 class RemoteUnavailable(RuntimeError):
     """The remote filesystem cannot be used: its fsspec implementation is not installed, or the
@@ -31,3 +46,47 @@ def remote_filesystem(remote: RemoteLogs) -> tuple[Any, str]:
     except (ImportError, ValueError) as exc:  # e.g. s3fs missing for s3://
         raise RemoteUnavailable(f"log.remote {remote.url!r}: {exc}") from exc
     return fs, root.rstrip("/")
+
+
+EXTRAS = {"s3": "remote-s3", "s3a": "remote-s3", "gs": "remote-gcs", "gcs": "remote-gcs"}
+"""The pip extra that installs a protocol's fsspec implementation."""
+
+
+def require_remote(remote: RemoteLogs) -> None:
+    """RemoteUnavailable, naming the pip extra, when fsspec or the package of the URL's protocol
+    is missing; imports the implementation without building a filesystem (no credentials, no I/O)."""
+    protocol = remote.url.partition("://")[0]
+    extra = EXTRAS.get(protocol, "remote-s3")
+    try:
+        from fsspec.registry import get_filesystem_class
+    except ModuleNotFoundError as exc:
+        raise RemoteUnavailable(f"log.remote needs fsspec: pip install 'eventspark[{extra}]'") from exc
+    try:
+        get_filesystem_class(protocol)
+    except (ImportError, ValueError) as exc:
+        hint = f": pip install 'eventspark[{extra}]'" if protocol in EXTRAS else ""
+        raise RemoteUnavailable(f"log.remote {remote.url!r}: {exc}{hint}") from exc
+
+
+def remote_path(root: str, *parts: str) -> str:
+    """`root/part/...`: the path of an object under the remote root, in fsspec's `/` syntax."""
+    return "/".join([root.rstrip("/"), *(part.strip("/") for part in parts)])
+
+
+def protocols(fs: Any) -> tuple[str, ...]:
+    """The protocol names of an fsspec filesystem (`fs.protocol` is a string or a tuple)."""
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+
+
+def atomic_puts(fs: Any) -> bool:
+    """True when a put on `fs` is atomic for readers (`ATOMIC_PUT_PROTOCOLS`)."""
+    return not ATOMIC_PUT_PROTOCOLS.isdisjoint(protocols(fs))
+
+
+def put_options(fs: Any, part_size: int) -> dict[str, Any]:
+    """`put_file` options of `fs` that keep a big log out of memory (parts of `part_size`); none for
+    stores that stream on their own (a local copy)."""
+    for protocol in protocols(fs):
+        if protocol in PUT_OPTIONS:
+            return {"chunksize": part_size, **PUT_OPTIONS[protocol]}
+    return {}
