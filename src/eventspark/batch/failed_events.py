@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 from eventspark.batch.load import Fault
@@ -39,10 +39,18 @@ class FailedEvents:
     """The failed-event bookkeeping of one job over the logs of `events_dir` (its `failed/` and
     `incoming/`): the groups it parks, and those a crashed pass left, by destination."""
 
-    def __init__(self, events_dir: Path, fault: Fault | None = None) -> None:
+    def __init__(
+        self,
+        events_dir: Path,
+        fault: Fault | None = None,
+        status_of: Callable[[str], LogStatus | None] | None = None,
+    ) -> None:
         self.events_dir = events_dir
         self.failed_dir = events_dir / "failed"
         self.fault = fault
+        self.status_of = status_of or self._local_status
+        """Log name → its status, None when the log is gone (`LogStore.status_of`: the logs may be
+        on object storage, while failed/ stays on this node)."""
         self.parked: list[ParkedSpools] = []
         """The groups this job parked (`park`)."""
         self._left: defaultdict[str, list[ParkedSpools]] | None = None
@@ -138,14 +146,17 @@ class FailedEvents:
     def _settled(self, group: ParkedSpools) -> bool:
         """Whether the status files show the pair of a parked group settled (a log gone from
         incoming/ was archived: settled)."""
-        path = self.events_dir / "incoming" / group.log
-        if not path.exists():
+        status = self.status_of(group.log)
+        if status is None:
             return True
-        status = read_status(path)
         if group.table == NO_TABLE:
             return processed(status, group.dest_id)
         pair = status.get(group.dest_id, {}).get(group.table)
         return pair is not None and pair.settled
+
+    def _local_status(self, name: str) -> LogStatus | None:
+        path = self.events_dir / "incoming" / name
+        return read_status(path) if path.exists() else None
 
 
 def _by_destination(groups: list[ParkedSpools]) -> defaultdict[str, list[ParkedSpools]]:

@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +53,6 @@ from eventspark.destinations.base import (
     new_job_id,
 )
 from eventspark.destinations.registry import destination_type
-from eventspark.logs.archive import archive_log
 from eventspark.logs.replay import replay_destination
 from eventspark.logs.rotated import rotated_token
 from eventspark.logs.status import (
@@ -64,10 +61,8 @@ from eventspark.logs.status import (
     all_uploaded,
     merge_status,
     processed,
-    read_status,
-    write_status,
 )
-from eventspark.logs.status import status_path as _status_path
+from eventspark.logs.store import LocalStore, LogFile, LogStore, log_store
 from eventspark.ops.cache_results import settle_samples
 from eventspark.recognition.service import Recognizer, recognition_of
 from eventspark.recognition.state import done_sightings, keep_sightings
@@ -99,15 +94,18 @@ class PairSummary:
 
 @dataclass(slots=True)
 class JobResult:
+    """What a pass did. Logs are listed as Paths under `log.path`, as `LogFile`s with `log.remote`
+    (`archived`: the archives' Paths, or their paths on the remote filesystem)."""
+
     pairs: dict[tuple[str, str], PairSummary] = field(default_factory=dict)
-    archived: list[Path] = field(default_factory=list)
-    kept: list[Path] = field(default_factory=list)
-    deleted_empty: list[Path] = field(default_factory=list)
+    archived: list[Any] = field(default_factory=list)
+    kept: list[Any] = field(default_factory=list)
+    deleted_empty: list[Any] = field(default_factory=list)
     held: dict[str, str] = field(default_factory=dict)
     """Rotated logs left in incoming/ untouched (also in `kept`): log name → why (`_hold_unroutable`)."""
     samples: list[dict[str, Any]] = field(default_factory=list)
     """A sample of the pass's events with their outcome, for the events cache (`ops.cache_results`)."""
-    waiting: list[Path] = field(default_factory=list)
+    waiting: list[Any] = field(default_factory=list)
     """Rotated logs not read this pass (also in `kept`): none of their failed pairs is due yet."""
     gave_up: dict[str, int] = field(default_factory=dict)
     """Destination id → events sent to `failed/` because their pair gave up (the retry policy)."""
@@ -204,6 +202,7 @@ class BatchJob:
         fault: Fault | None = None,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         clock: Callable[[], float] = time.time,
+        store: LogStore | None = None,
     ) -> None:
         self.config = loaded.config
         self.coordination = coordination
@@ -212,33 +211,38 @@ class BatchJob:
         self.clock = clock
         """Epoch seconds: the retry policy's time (tests move it instead of sleeping)."""
         self.events_dir = Path(self.config.log.path)
+        self.store = store or log_store(self.config)
+        """Where the logs, their status files and the archive are: `log.path` or `log.remote`."""
         self._staged: set[str] = set()
 
-    def run(self, session: Any, logs: list[Path]) -> JobResult:
+    def run(self, session: Any, logs: list[Path] | list[LogFile]) -> JobResult:
+        """One pass over `logs`: rotated logs under `log.path` (Paths), or as the store lists them."""
         result = JobResult()
         self.recover_failed()
-        logs = self._drop_empty(logs, result)
+        files = [LocalStore.log_file(item) if isinstance(item, Path) else item for item in logs]
+        files = self._drop_empty(files, result)
         # Replay logs (`logs.replay`) load into one destination each: a job of their own.
-        groups: dict[str | None, list[Path]] = defaultdict(list)
-        for path in logs:
-            groups[replay_destination(path.name)].append(path)
+        groups: dict[str | None, list[LogFile]] = defaultdict(list)
+        for logfile in files:
+            groups[replay_destination(logfile.name)].append(logfile)
         batch = self._batch_destinations()
         if None in groups:
             groups[None] = self._hold_unroutable(groups[None], result)
         for only, group in sorted(groups.items(), key=lambda item: item[0] or ""):
             if only is not None and only not in batch:
                 log.warning("replay logs for %s kept: it is not a batch destination of this config", only)
-                result.kept.extend(group)
+                result.kept.extend(self.store.shown(logfile) for logfile in group)
                 continue
             if group:
                 self._run_job(session, group, only, result)
+        self.store.publish_failed(self.events_dir / "failed")
         return result
 
     def _batch_destinations(self) -> dict[str, Any]:
         """Destination id → config of the batch destinations."""
         return {d: dest for d, dest in self.config.destinations.items() if dest.mode == "batch"}
 
-    def _hold_unroutable(self, logs: list[Path], result: JobResult) -> list[Path]:
+    def _hold_unroutable(self, logs: list[LogFile], result: JobResult) -> list[LogFile]:
         """The logs some batch destination takes; the others stay in incoming/, untouched.
 
         A log's token comes from its name (as in EventNative). When no batch destination takes it
@@ -258,10 +262,10 @@ class BatchJob:
             why = f"token '{token}' " + ("has no batch destination" if known else "is not in api_keys")
             log.warning("rotated log %s kept in incoming/, not loaded: %s", path.name, why)
             result.held[path.name] = why
-            result.kept.append(path)
+            result.kept.append(self.store.shown(path))
         return routable
 
-    def _run_job(self, session: Any, logs: list[Path], only: str | None, result: JobResult) -> None:
+    def _run_job(self, session: Any, logs: list[LogFile], only: str | None, result: JobResult) -> None:
         job_id = new_job_id(time.time())
         adapters: dict[str, DestinationAdapter] = {}
         try:
@@ -270,32 +274,33 @@ class BatchJob:
             for dest_id, adapter in adapters.items():
                 self._cleanup(adapter, job_id, staged=dest_id in self._staged)
             shutil.rmtree(self.events_dir / "staging" / job_id, ignore_errors=True)
+            self.store.finish_job(job_id)
 
     def _run(
         self,
         session: Any,
-        logs: list[Path],
+        logs: list[LogFile],
         job_id: str,
         adapters: dict[str, DestinationAdapter],
         result: JobResult,
         only: str | None = None,
     ) -> JobResult:
         clock = _Phases(result.timings)
-        statuses = {p.name: read_status(p) for p in logs}
+        statuses = self.store.read_statuses(logs)
         schedule = self._schedule(logs, statuses, only)
-        logs = self._idle(logs, statuses, schedule, result)
+        logs = self._idle(session, logs, statuses, schedule, result)
         if not logs:
             return result
         # Destinations a log's status file has not seen processed: their template failures are
         # written this pass (decided before load markers repair the statuses after a crash).
         seen = {(name, d) for name, status in statuses.items() for d in status if processed(status, d)}
         dest_errors: dict[str, str] = {}
-        failed_events = FailedEvents(self.events_dir, self.fault)
+        failed_events = FailedEvents(self.events_dir, self.fault, self.store.status_of)
         plan = self._plan(job_id, logs, statuses, schedule, adapters, dest_errors, failed_events, only)
         fresh = {(name, d) for name in plan.file_tokens for d in plan.destinations if (name, d) not in plan.skip}
         fresh -= seen
         clock.lap("plan")
-        collected = self._execute(session, plan) if plan.destinations else _Collected()
+        collected = self._execute(session, plan, job_id) if plan.destinations else _Collected()
         stage = clock.lap("stage")
         # Users recognition's ids outlive a crash between the commits and its run (`recognition.state`).
         keep_sightings(self.events_dir, collected.sightings, set(plan.recognition))
@@ -317,7 +322,7 @@ class BatchJob:
             logs, statuses, schedule, fresh, plan, collected, outcomes, dest_errors, failed_events, result
         )
         clock.lap("settle")
-        result.archived.extend(self._archive(done))  # after the append lock: gzipping takes a while
+        result.archived.extend(self._archive(session, done))  # after the append lock: gzipping takes a while
         clock.lap("archive")
         return result
 
@@ -342,20 +347,19 @@ class BatchJob:
 
     # --- before the job -----------------------------------------------------------------------
 
-    def _drop_empty(self, logs: list[Path], result: JobResult) -> list[Path]:
+    def _drop_empty(self, logs: list[LogFile], result: JobResult) -> list[LogFile]:
         kept = []
-        for path in logs:
-            if path.stat().st_size == 0:
-                path.unlink()
-                _status_path(path).unlink(missing_ok=True)
-                result.deleted_empty.append(path)
+        for logfile in logs:
+            if logfile.size == 0:
+                self.store.delete(logfile)
+                result.deleted_empty.append(self.store.shown(logfile))
             else:
-                kept.append(path)
+                kept.append(logfile)
         return kept
 
     # --- the retry policy ---------------------------------------------------------------------
 
-    def _schedule(self, logs: list[Path], statuses: dict[str, LogStatus], only: str | None) -> _Schedule:
+    def _schedule(self, logs: list[LogFile], statuses: dict[str, LogStatus], only: str | None) -> _Schedule:
         """Which (log, destination) pairs this pass reads, waits for, or gives up (`_Schedule`)."""
         schedule = _Schedule(self.clock())
         batch = self._batch_destinations()
@@ -372,34 +376,35 @@ class BatchJob:
         return schedule
 
     def _idle(
-        self, logs: list[Path], statuses: dict[str, LogStatus], schedule: _Schedule, result: JobResult
-    ) -> list[Path]:
+        self, session: Any, logs: list[LogFile], statuses: dict[str, LogStatus], schedule: _Schedule, result: JobResult
+    ) -> list[LogFile]:
         """The logs this pass reads. The others wait for their next retry, untouched, or go to the
         archive when every pair is settled already (a crash between the status and the archive)."""
         active = {name for name, _dest_id in schedule.work}
         schedule.work.update(key for key in schedule.optional if key[0] in active)
-        read = []
-        for path in logs:
-            status = statuses[path.name]
-            if path.name in active:
-                read.append(path)
+        read, settled = [], []
+        for logfile in logs:
+            status = statuses[logfile.name]
+            if logfile.name in active:
+                read.append(logfile)
             elif status and all_uploaded(status):
-                result.archived.append(archive_log(path, self.events_dir / "archive"))
+                settled.append(logfile)
             else:
-                result.kept.append(path)
-                result.waiting.append(path)
+                result.kept.append(self.store.shown(logfile))
+                result.waiting.append(self.store.shown(logfile))
+        result.archived.extend(self._archive(session, settled))
         return read
 
     def recover_failed(self) -> None:
         """What a pass cut short left in `failed/` is recovered before this pass appends anything
         (`FailedEvents.recover`). Also run by a pass with no log to read (`batch.process.run_pass`):
         no Spark, no connection."""
-        FailedEvents(self.events_dir, self.fault).recover(list(self._batch_destinations()))
+        FailedEvents(self.events_dir, self.fault, self.store.status_of).recover(list(self._batch_destinations()))
 
     def _plan(
         self,
         job_id: str,
-        logs: list[Path],
+        logs: list[LogFile],
         statuses: dict[str, LogStatus],
         schedule: _Schedule,
         adapters: dict[str, DestinationAdapter],
@@ -411,7 +416,7 @@ class BatchJob:
         into splits (per-split load markers keep their boundaries). `only`: the destination of a
         job over replay logs (every line goes there)."""
         names = [p.name for p in logs]
-        pass_bytes = sum(p.stat().st_size for p in logs)
+        pass_bytes = sum(p.size for p in logs)
         reached = self._reach(job_id, pass_bytes, names, statuses, schedule, adapters, dest_errors, failed_events, only)
         splits = plan_splits(logs, _known_splits(reached))
         destinations = {dest_id: part.dest for dest_id, part in reached.items()}
@@ -450,6 +455,9 @@ class BatchJob:
             replay_destination=only,
             recognition={dest_id: part.recognition for dest_id, part in staged.items() if part.recognition},
             splits=splits,
+            reader=self.store.reader,
+            spool_target=self.store.spool_target(job_id),
+            log_sizes={p.name: p.size for p in logs},
         )
 
     def _reach(
@@ -571,7 +579,7 @@ class BatchJob:
 
     # --- the job ------------------------------------------------------------------------------
 
-    def _execute(self, session: Any, plan: JobPlan) -> _Collected:
+    def _execute(self, session: Any, plan: JobPlan, job_id: str) -> _Collected:
         context = session.sparkContext
 
         def task(index: int, mine: Iterator[list[Split]]) -> list[TaskResult]:
@@ -588,7 +596,11 @@ class BatchJob:
             return _Collected()
         results = context.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
         collected = _Collected()
+        folder = self.events_dir / "staging" / job_id / "failed"
         for result in results:
+            for count in result.counts:
+                if count.spool and plan.spool_target is not None:  # uploaded by the executor
+                    count.spool = str(self.store.fetch_spool(count.spool, folder))
             _fold(collected, result)
         return collected
 
@@ -624,7 +636,7 @@ class BatchJob:
 
     def _settle(
         self,
-        logs: list[Path],
+        logs: list[LogFile],
         statuses: dict[str, LogStatus],
         schedule: _Schedule,
         fresh: set[tuple[str, str]],
@@ -634,7 +646,7 @@ class BatchJob:
         dest_errors: dict[str, str],
         failed_events: FailedEvents,
         result: JobResult,
-    ) -> list[Path]:
+    ) -> list[LogFile]:
         """Records the pass's outcomes (statuses, failed events); returns the logs to archive."""
         now = schedule.now
         updates: dict[str, LogStatus] = defaultdict(dict)
@@ -663,37 +675,27 @@ class BatchJob:
                 dest_id,
                 events,
             )
-        result.kept.extend(path for path, status in merged.items() if not all_uploaded(status))
-        return [path for path, status in merged.items() if all_uploaded(status)]
+        result.kept.extend(self.store.shown(p) for p, status in merged.items() if not all_uploaded(status))
+        return [logfile for logfile, status in merged.items() if all_uploaded(status)]
 
-    def _archive(self, logs: list[Path]) -> list[Path]:
-        """Gzips `logs` into the archive, several at once: ISA-L releases the GIL, and the pass
-        waits for this serial tail with the executors' cores idle (1M events: 0.9 s → 0.5 s on
-        2 cores). A log that fails stops the pass after the others are done; it stays in incoming/
-        (settled: the next pass archives it)."""
-        if len(logs) < 2:
-            return [archive_log(path, self.events_dir / "archive") for path in logs]
-        with ThreadPoolExecutor(min(len(logs), os.cpu_count() or 1)) as pool:
-            futures = [pool.submit(archive_log, path, self.events_dir / "archive") for path in logs]
-        for path, future in zip(logs, futures, strict=True):
-            if future.exception() is not None:
-                log.error("archiving %s failed: %s", path.name, future.exception())
-        return [future.result() for future in futures]  # the first failure ends the pass
+    def _archive(self, session: Any, logs: list[LogFile]) -> list[Any]:
+        """Settled logs to the archive, and out of incoming/ with their status (`LogStore.archive`:
+        gzipped by threads on this machine, or by executors on object storage)."""
+        return self.store.archive(logs, session) if logs else []
 
     def _write_outcomes(
         self,
-        logs: list[Path],
+        logs: list[LogFile],
         statuses: dict[str, LogStatus],
         updates: dict[str, LogStatus],
         plan: JobPlan,
         failed_events: FailedEvents,
-    ) -> dict[Path, LogStatus]:
+    ) -> dict[LogFile, LogStatus]:
         """Writes the status files while the failed lines of the pairs they settle are appended
         (`FailedEvents.append_settled`); returns the statuses."""
         with failed_events.append_settled(updates):
-            merged = {
-                path: self._write_status(path, statuses[path.name], updates.get(path.name, {}), plan) for path in logs
-            }
+            merged = {p: self._merged_status(p, statuses[p.name], updates.get(p.name, {}), plan) for p in logs}
+            self.store.write_statuses(merged)
             if self.fault is not None:
                 self.fault("statuses written")
         return merged
@@ -745,8 +747,8 @@ class BatchJob:
         for dest_id, error in dest_errors.items():
             result.pair(dest_id, NO_TABLE).error = error
 
-    def _write_status(self, path: Path, old: LogStatus, update: LogStatus, plan: JobPlan) -> LogStatus:
-        """Writes the log's status with this pass's outcomes and the retries' times; returns it."""
+    def _merged_status(self, path: LogFile, old: LogStatus, update: LogStatus, plan: JobPlan) -> LogStatus:
+        """The log's status with this pass's outcomes and the retries' times."""
         merged = merge_status(old, update)
         connected = set(plan.stages) | set(plan.objects)
         for dest_id in connected:
@@ -754,7 +756,6 @@ class BatchJob:
                 # Reached this pass: a destination-wide error of an earlier pass is over.
                 merged.get(dest_id, {}).pop(NO_TABLE, None)
         self._schedule_retries(merged)
-        write_status(path, merged)
         return merged
 
     def _schedule_retries(self, status: LogStatus) -> None:

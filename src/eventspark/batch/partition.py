@@ -26,6 +26,7 @@ import gc
 import os
 import signal
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,7 +39,7 @@ from eventspark.batch.direct import STAGE, DirectBuffer, DirectColumns, direct_c
 from eventspark.batch.memory import keep_freed_memory
 from eventspark.batch.plan import JobPlan
 from eventspark.batch.results import DirectResult, PairCount, StagedResult, TaskResult
-from eventspark.batch.splits import Split, read_split
+from eventspark.batch.splits import Split, read_remote_split, read_split
 from eventspark.destinations.base import (
     DestinationError,
     DirectRows,
@@ -91,11 +92,12 @@ def process_splits(plan: JobPlan, task_id: int, splits: Iterable[Split]) -> list
     gc.disable()
     keep_freed_memory()
     task = PartitionTask(plan, task_id)
+    reader = plan.reader
     try:
         for split in splits:
             file = split.name
             task.start_split(split)
-            for line in read_split(split):
+            for line in read_split(split) if reader is None else read_remote_split(split, reader):
                 task.add_line(line, file)
             task.end_split(split)
         return [task.finish()]
@@ -444,7 +446,10 @@ class PartitionTask:
         key = (file, dest_id, table)
         found = self.spools.get(key)
         if found is None:
-            folder = Path(self.plan.staging_dir) / self.plan.job_id / "failed"
+            # With `log.remote` the driver's staging folder may not exist here (another machine):
+            # the spool is uploaded at the end of the task (`shipped`).
+            base = Path(self.plan.staging_dir) if self.plan.reader is None else Path(tempfile.gettempdir())
+            folder = base / self.plan.job_id / "failed"
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"{uuid.uuid4().hex}.log"
             found = self.spools[key] = (path, path.open("wb"))
@@ -491,7 +496,8 @@ class PartitionTask:
         if not self.object_buffers:
             return
         file = split.name
-        whole = split.start == 0 and split.end >= os.path.getsize(split.path)
+        size = self.plan.log_sizes.get(file)
+        whole = split.start == 0 and split.end >= (os.path.getsize(split.path) if size is None else size)
         for key in [key for key in self.object_buffers if key[0] == file]:
             buffer = self.object_buffers.pop(key)
             del self.targets[key]  # another split of the log in this task gets its own object
@@ -561,12 +567,21 @@ class PartitionTask:
         result = TaskResult(staged=self.chunks, direct=self.direct, errors=self.errors, samples=self.samples)
         for (file, dest_id, table), (rows, failed, skipped) in self.counts.items():
             spool = self.spools.get((file, dest_id, table))
-            path = str(spool[0]) if spool else None
+            path = self.shipped(spool[0]) if spool else None
             result.counts.append(PairCount(file, dest_id, table, rows, failed, skipped, path))
         for dest_id, (_columns, seen) in self.sightings.items():
             if seen or seen.dropped:
                 result.sightings[dest_id] = seen
         return result
+
+    def shipped(self, spool: Path) -> str:
+        """Where the driver finds a spool: here, or uploaded beside the logs (`log.remote`: this
+        executor's disk is not the driver's), the local copy removed."""
+        if self.plan.reader is None or self.plan.spool_target is None:
+            return str(spool)
+        target = self.plan.reader.put_spool(spool, f"{self.plan.spool_target}/{spool.name}")
+        spool.unlink()
+        return target
 
     def close(self) -> None:
         for writer in self.writers.values():

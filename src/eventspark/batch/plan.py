@@ -12,6 +12,7 @@ from typing import Any
 from eventspark.batch.splits import Split
 from eventspark.config.routing import token_routes
 from eventspark.destinations.base import DirectTarget, ObjectTarget, StageTarget
+from eventspark.logs.store import RemoteReader
 from eventspark.steps.typing import DataType
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "JobPlan", "token_routes"]
@@ -72,6 +73,14 @@ class JobPlan:
     splits: list[Split] = field(default_factory=list)
     """The job's splits, in order (`plan_splits`, cut before the job so that per-split markers
     can be read): consecutive ones grouped into tasks (`BatchJob._execute`)."""
+    reader: RemoteReader | None = None
+    """Set when the logs are on object storage (`log.remote`): executors read their splits through
+    it (`read_remote_split`); None: they open the driver's paths."""
+    spool_target: str | None = None
+    """With `reader`: the remote folder each task uploads its spools of failed events to, for the
+    driver to fetch (an executor's disk is not the driver's)."""
+    log_sizes: dict[str, int] = field(default_factory=dict)
+    """Log name → its size as listed: whether a split is the whole log (files destinations)."""
     executor_fault: str | None = None
     """Test only (like the driver's `Fault`): `kill-before-commit:<n>` / `kill-after-commit:<n>`
     makes an executor SIGKILL itself around its n-th direct split commit."""

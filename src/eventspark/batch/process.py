@@ -2,7 +2,8 @@
 
 A node runs one pass at a time: a thread lock inside the process and an `flock` on
 `incoming/.batch.lock` across processes (so `eventspark process` and `serve` do not load the same
-logs twice at once).
+logs twice at once). With `log.remote`, the nodes sharing it run one pass at a time between
+them: the coordination lock named after the URL, taken without waiting (`remote_pass_lock`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,14 @@ from rich.table import Table as RichTable
 from eventspark.batch.job import BatchJob, JobResult
 from eventspark.batch.load import Fault
 from eventspark.batch.plan import DEFAULT_CHUNK_ROWS
-from eventspark.batch.session import get_session, stop_session
+from eventspark.batch.session import get_session, release_after_pass, stop_session
 from eventspark.config import LoadedConfig
-from eventspark.coordination import Coordination, build_coordination
+from eventspark.config.models import Config, RemoteLogs
+from eventspark.coordination import Coordination, LockTimeout, build_coordination
 from eventspark.destinations.sql import debug_log
 from eventspark.logconfig import in_job
 from eventspark.logs.incoming import rotate_incoming_logs
-from eventspark.logs.rotated import rotated_logs
+from eventspark.logs.store import log_store, remote_lock_name
 from eventspark.ops.cache import events_cache_for
 from eventspark.ops.cache_results import record_samples
 from eventspark.ops.metrics import Snapshots, pipeline_metrics, process_snapshots, record_pass, record_pass_error
@@ -42,7 +44,8 @@ _pass_lock = threading.Lock()
 
 
 class PassBusy(RuntimeError):
-    """Another process of this node is running a batch pass over the same directory."""
+    """Another process of this node is running a batch pass over the same directory, or another
+    node one over the same `log.remote`."""
 
 
 @contextmanager
@@ -61,6 +64,33 @@ def batch_lock(incoming_dir: Path) -> Iterator[None]:
             os.close(fd)
 
 
+@contextmanager
+def remote_pass_lock(coordination: Coordination, remote: RemoteLogs) -> Iterator[None]:
+    """Holds the cluster's pass lock of `remote`; PassBusy at once when another node holds it (its
+    pass loads every node's logs: this node's wait for the next round)."""
+    name = remote_lock_name(remote)
+    try:
+        with coordination.lock(name, timeout=0):
+            yield
+    except LockTimeout as exc:
+        if exc.name != name:  # a table's lock, inside the pass
+            raise
+        holder = exc.holder or "holder unknown"
+        raise PassBusy(f"another node runs the batch pass over {remote.url} ({holder})") from None
+
+
+def upload_local_logs(config: Config) -> None:
+    """With `log.remote`: this node's rotated logs go up first (`logs.upload`), so that the pass,
+    here or on another node, loads them. A failed upload keeps them here for the next round."""
+    if config.log.remote is None:
+        return
+    from eventspark.logs.upload import upload_rotated
+
+    uploaded = upload_rotated(config)
+    if uploaded:
+        log.info("%d rotated log(s) uploaded to %s", len(uploaded), config.log.remote.url)
+
+
 def run_pass(
     loaded: LoadedConfig,
     coordination: Coordination,
@@ -70,16 +100,28 @@ def run_pass(
 ) -> JobResult:
     """Loads every rotated log waiting in `incoming/` (no rotation here); one Spark job.
 
-    `session` defaults to the process's warm session for `config.spark`.
+    `session` defaults to the process's warm session for `config.spark`. With `log.remote`, the
+    pass reads every node's logs from there, under the cluster's pass lock (the callers upload
+    this node's first: `upload_local_logs`).
     """
-    incoming = Path(loaded.config.log.path) / "incoming"
-    with batch_lock(incoming):
-        logs = rotated_logs(incoming)
-        job = BatchJob(loaded, coordination, fault, chunk_rows)
+    config = loaded.config
+    incoming = Path(config.log.path) / "incoming"
+    remote = config.log.remote
+    cluster_lock = nullcontext() if remote is None else remote_pass_lock(coordination, remote)
+    with batch_lock(incoming), cluster_lock:
+        store = log_store(config)
+        logs = store.rotated()
+        job = BatchJob(loaded, coordination, fault, chunk_rows, store=store)
         if not logs:
             job.recover_failed()  # a pass cut short is repaired without waiting for new logs
+            store.publish_failed(Path(config.log.path) / "failed")
             return JobResult()
-        return job.run(session or get_session(loaded.config.spark), logs)
+        if session is not None:
+            return job.run(session, logs)
+        try:
+            return job.run(get_session(config.spark), logs)
+        finally:  # `spark.keep_session`: on a cluster, an idle session must not hold its cores
+            release_after_pass(config.spark)
 
 
 @in_job("pass")  # its log lines carry a job_id
@@ -94,6 +136,7 @@ def process_once(loaded: LoadedConfig, console: Console, keep_session: bool = Fa
     rotate_incoming_logs(Path(config.log.path) / "incoming")
     coordination = build_coordination(config.coordination, config.server.name)
     try:
+        upload_local_logs(config)
         with spark_tasks("batch pass"):  # a bar on a terminal, log lines otherwise
             result = run_recorded(loaded, coordination)
     except PassBusy as exc:

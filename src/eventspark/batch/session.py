@@ -1,6 +1,13 @@
 """The SparkSession of the batch job: built once per process from `config.spark` and kept warm.
 
 Starting a session costs 10-15 s (a JVM and its classpath), so the uploader and the tests reuse one.
+
+On a cluster master (spark://, k8s://, yarn, ...) a warm session must not keep the cluster's cores
+while it idles between passes, or another node's pass waits for ever (issue 20): there the session
+asks for executors only while a pass runs and gives them back soon after (dynamic allocation,
+`CLUSTER_DEFAULT_CONF`), and `spark.keep_session` says when to stop it after a pass instead
+(docs/spark-clusters.md has the measurements behind these defaults).
+
 Before the first start the environment is made to work on a fresh machine: executors run the same
 Python as the driver, Spark binds to the loopback address unless told otherwise, and Java 17+ is
 checked with a message that says what to install.
@@ -33,6 +40,20 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.python.worker.reuse": "true",
+}
+
+# Defaults on cluster masters only (never local[*] or local-cluster[...]), each overridable by
+# `spark.conf`: executors are requested while tasks wait and released after 10 s idle, so an idle
+# serve node holds no cores. Shuffle tracking stands in for an external shuffle service (none on
+# standalone or Kubernetes by default); its timeout and the cached one are bounded because by default
+# an executor holding shuffle files or cached blocks would never be released.
+CLUSTER_DEFAULT_CONF: dict[str, str] = {
+    "spark.dynamicAllocation.enabled": "true",
+    "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+    "spark.dynamicAllocation.minExecutors": "0",
+    "spark.dynamicAllocation.executorIdleTimeout": "10s",
+    "spark.dynamicAllocation.shuffleTracking.timeout": "10s",
+    "spark.dynamicAllocation.cachedExecutorIdleTimeout": "30s",
 }
 
 _lock = threading.Lock()
@@ -78,6 +99,36 @@ def _log_speedups() -> None:
             "`make install` on a machine with a C compiler builds them",
             ", ".join(missing),
         )
+
+
+def is_cluster_master(master: str) -> bool:
+    """True for a master whose cores other applications share: anything but `local...` (local,
+    local[N], local[*], local-cluster[...] all live inside this one process's reach)."""
+    return not master.strip().lower().startswith("local")
+
+
+def session_conf(config: SparkConfig) -> dict[str, str]:
+    """The conf a session is built with: the defaults, the cluster defaults on a cluster master,
+    then the user's `spark.conf`, which wins."""
+    cluster = CLUSTER_DEFAULT_CONF if is_cluster_master(config.master) else {}
+    return {**DEFAULT_CONF, **cluster, **config.conf}
+
+
+def keeps_session(config: SparkConfig) -> bool:
+    """Whether the session stays warm after a pass (`spark.keep_session`). `auto` keeps it unless
+    it would hold a cluster's cores while idle: a cluster master without dynamic allocation."""
+    if config.keep_session != "auto":
+        return config.keep_session == "always"
+    if not is_cluster_master(config.master):
+        return True
+    return session_conf(config).get("spark.dynamicAllocation.enabled", "false").lower() == "true"
+
+
+def release_after_pass(config: SparkConfig) -> None:
+    """Called after every pass that used `get_session`: stops the session unless `keeps_session`."""
+    if not keeps_session(config):
+        log.info("stopping the SparkSession after the pass (spark.keep_session: %s)", config.keep_session)
+        stop_session()
 
 
 def stop_session() -> None:
@@ -143,7 +194,7 @@ def _build(config: SparkConfig) -> SparkSession:
     # py4j logs every gateway call at DEBUG, which drowns `--verbose` output.
     logging.getLogger("py4j").setLevel(max(logging.INFO, logging.getLogger("py4j").getEffectiveLevel()))
     builder = SparkSession.builder.master(config.master).appName(config.app_name)
-    for name, value in {**DEFAULT_CONF, **config.conf}.items():
+    for name, value in session_conf(config).items():
         builder = builder.config(name, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

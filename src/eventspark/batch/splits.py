@@ -1,7 +1,8 @@
 """Splitting rotated logs into byte ranges that executors read themselves.
 
-Executors open the logs directly (like Spark's own text source, the files must be reachable at
-the same path from every executor: one machine, or a shared filesystem). Reading in Python skips
+Executors open the logs directly: under `log.path` (like Spark's own text source, the files must be
+reachable at the same path from every executor: one machine, or a shared filesystem), or on
+object storage with `log.remote` (`read_remote_split`: each executor reads its byte ranges). Reading in Python skips
 the JVM's decoding of every line and its conversion to Arrow and back, which cost more per event
 than the step chain itself.
 """
@@ -14,6 +15,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from eventspark.logs.store import LogFile, RemoteReader
 
 SPLIT_BYTES = 16 * 1024 * 1024
 """The size of a split (the last one of a log or of a gap is smaller): read by `plan_splits` at
@@ -40,7 +45,9 @@ class Split:
         return f"{self.name}@{self.start}-{self.end}"
 
 
-def plan_splits(logs: list[Path], known: Mapping[str, Iterable[tuple[int, int]]] | None = None) -> list[Split]:
+def plan_splits(
+    logs: list[Path] | list[LogFile], known: Mapping[str, Iterable[tuple[int, int]]] | None = None
+) -> list[Split]:
     """Cuts each log into ceil(size / SPLIT_BYTES) equal splits: a function of the log alone (not
     of the parallelism or of the other logs of the pass), so that a rerun after a crash cuts the
     same splits and finds their load markers.
@@ -55,18 +62,25 @@ def plan_splits(logs: list[Path], known: Mapping[str, Iterable[tuple[int, int]]]
     Splits come in the order of `logs`, then of offsets: task ids follow the order of the events.
     """
     splits: list[Split] = []
-    for path in logs:
-        total = path.stat().st_size
+    for item in logs:
+        name, total, where = _located(item)
         cuts = _cuts(total)
         position = 0
-        for start, end in sorted((known or {}).get(path.name, ())):
+        for start, end in sorted((known or {}).get(name, ())):
             if start < position or end > total or end <= start:
                 continue
-            splits += _gap(str(path), position, start, cuts)
-            splits.append(Split(str(path), start, end))
+            splits += _gap(where, position, start, cuts)
+            splits.append(Split(where, start, end))
             position = end
-        splits += _gap(str(path), position, total, cuts)
+        splits += _gap(where, position, total, cuts)
     return splits
+
+
+def _located(item: Path | LogFile) -> tuple[str, int, str]:
+    """(name, size, location) of a local path or a listed `LogFile` (local or on object storage)."""
+    if isinstance(item, Path):
+        return item.name, item.stat().st_size, str(item)
+    return item.name, item.size, item.location
 
 
 def _cuts(size: int) -> range:
@@ -155,16 +169,29 @@ def _finish(groups: list[list[Split]], cores: int) -> int:
 def read_split(split: Split) -> Iterator[bytes]:
     """The lines (without line endings, empty ones skipped) that start inside the split."""
     with open(split.path, "rb", buffering=READ_BUFFER) as file:
-        position = split.start
-        if position > 0:
-            # The line running into the split belongs to the previous one: skip to its end.
-            file.seek(position - 1)
-            position += len(file.readline()) - 1
-        while position < split.end:
-            line = file.readline()
-            if not line:
-                return
-            position += len(line)
-            line = line.rstrip(b"\r\n")
-            if line:
-                yield line
+        yield from split_lines(file, split.start, split.end)
+
+
+def read_remote_split(split: Split, reader: RemoteReader) -> Iterator[bytes]:
+    """`read_split` of a log on object storage (`log.remote`): the executor reads the split's
+    byte range itself, plus the end of its last line, through `reader`'s filesystem."""
+    with reader.open(split.path) as file:
+        yield from split_lines(file, split.start, split.end)
+
+
+def split_lines(file: BinaryIO, start: int, end: int) -> Iterator[bytes]:
+    """The lines of `file` that start at an offset in [start, end): the line running into `start`
+    belongs to the split before, the line running past `end` to this one."""
+    position = start
+    if position > 0:
+        # The line running into the split belongs to the previous one: skip to its end.
+        file.seek(position - 1)
+        position += len(file.readline()) - 1
+    while position < end:
+        line = file.readline()
+        if not line:
+            return
+        position += len(line)
+        line = line.rstrip(b"\r\n")
+        if line:
+            yield line

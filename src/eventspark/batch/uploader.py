@@ -1,6 +1,7 @@
 """The serve-side uploader: every `log.uploader_period_sec`, one batch pass over the rotated logs.
 
-The collector rotates its own logs; the uploader only loads what is rotated. Passes run on one
+The collector rotates its own logs; the uploader only loads what is rotated (with `log.remote`,
+it uploads this node's rotated logs first; the pass runs on one node of the cluster at a time). Passes run on one
 background thread, one at a time, with the SparkSession kept warm between them.
 """
 
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 from eventspark.batch.job import JobResult
-from eventspark.batch.process import PassBusy, run_pass
+from eventspark.batch.process import PassBusy, run_pass, upload_local_logs
 from eventspark.batch.session import stop_session
 from eventspark.config import LoadedConfig
 from eventspark.coordination import Coordination, build_coordination
@@ -61,6 +62,7 @@ class Uploader:
         """One pass; None when another process of this node is running one."""
         log_path, started = Path(self.loaded.config.log.path), time.monotonic()
         try:
+            upload_local_logs(self.loaded.config)  # with `log.remote`: whichever node runs the pass loads them
             result = run_pass(self.loaded, self.coordination)
         except PassBusy as exc:
             log.info("%s; skipping this round", exc)

@@ -160,6 +160,16 @@ class RemoteLogs(Section):
         default_factory=dict, description="fsspec's options of the URL's filesystem, e.g. key, secret, endpoint_url"
     )
 
+    @field_validator("url")
+    @classmethod
+    def _url_with_protocol(cls, url: str) -> str:
+        # Without `proto://`, fsspec reads a local path: a typo for s3:// would then "upload" the
+        # logs to a folder of this node, out of every other node's and the cluster's reach.
+        protocol, sep, path = url.strip().partition("://")
+        if not sep or not protocol or not path.strip("/") or not protocol.replace("+", "").isalnum():
+            raise ValueError("must be an fsspec URL with a protocol and a path, e.g. s3://bucket/prefix")
+        return url.strip().rstrip("/")
+
 
 class LogConfig(Section):
     path: str = "./events"
@@ -302,6 +312,15 @@ class SparkConfig(Section):
     master: str = "local[*]"
     app_name: str = "eventspark"
     conf: dict[str, str] = Field(default_factory=dict)
+    keep_session: str = Field(
+        default="auto",
+        pattern="^(auto|always|never)$",
+        description=(
+            "whether a serve node keeps its SparkSession between passes. auto: kept, except on a cluster "
+            "master with dynamic allocation turned off (an idle session would hold the cluster's cores); "
+            "always: kept; never: stopped after every pass (docs/spark-clusters.md)"
+        ),
+    )
 
     @field_validator("conf", mode="before")
     @classmethod
