@@ -49,11 +49,14 @@ def stage_as_rotated(files: list[Path], incoming: Path, first: int = 0) -> None:
         os.link(path, incoming / rotated_log_name("bench", at + timedelta(seconds=i)))
 
 
-def bench_config(root: Path, master: str, destinations: dict[str, Any]) -> LoadedConfig:
-    """A config with one API key, the event logs under `root` and the given destinations."""
+def bench_config(
+    root: Path, master: str, destinations: dict[str, Any], remote: dict[str, Any] | None = None
+) -> LoadedConfig:
+    """A config with one API key, the event logs under `root` (and on `remote`, a `log.remote`
+    section, when given) and the given destinations."""
     raw = {
         "api_keys": [{"id": "bench", "client_secret": "bench-token", "server_secret": "bench-s2s"}],
-        "log": {"path": str(root / "events")},
+        "log": {"path": str(root / "events"), **({"remote": remote} if remote else {})},
         "destinations": destinations,
         "spark": {"master": master},
     }
@@ -103,18 +106,40 @@ class PeakRss:
 
 def tree_rss(root: int) -> int:
     """Bytes resident in `root` and its descendants, now (processes that end meanwhile count 0)."""
+    return sum(_rss(pid) for pid in _tree(root))
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) used so far by `root` and its descendants, with the children
+    they reaped: Spark's Python workers and a cluster's executor JVMs, which `time.process_time`
+    of the driver misses (processes that end unreaped meanwhile are lost)."""
+    return sum(_cpu_ticks(pid) for pid in _tree(root)) / CLOCK_TICKS
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and its descendants, now."""
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             parent = _parent_pid(entry.name)
             if parent is not None:
                 children.setdefault(parent, []).append(int(entry.name))
-    total, todo = 0, [root]
+    found, todo = [], [root]
     while todo:
         pid = todo.pop()
-        total += _rss(pid)
+        found.append(pid)
         todo.extend(children.get(pid, ()))
-    return total
+    return found
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime + cutime + cstime of `pid` (fields 14-17 of /proc/PID/stat), 0 once gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+            return sum(int(f) for f in fields[11:15])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def _parent_pid(pid: str) -> int | None:
@@ -135,3 +160,4 @@ def _rss(pid: int) -> int:
 
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
