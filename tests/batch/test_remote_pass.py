@@ -445,3 +445,41 @@ def test_an_unreadable_status_stops_the_pass_instead_of_reading_as_empty(tmp_pat
         store_of.read_statuses(logs)
     (tmp_path / "store" / "incoming" / f"{name}.status").rmdir()
     assert store_of.read_statuses(logs) == {name: {}, missing: {}}
+
+
+def test_archived_logs_leave_the_store_in_bulk_even_when_a_status_is_missing(tmp_path: Path) -> None:
+    # Logs first, then statuses (a log without its status would be read again as new); a
+    # filesystem that stops a bulk delete at a missing object goes on one by one.
+    store = {"url": (tmp_path / "store").as_uri()}
+    loaded = remote_config(tmp_path, store, {"dd": duckdb_destination()})
+    names = [put_remote(loaded, [event(str(n), event_type="t")]) for n in range(3)]
+    incoming = tmp_path / "store" / "incoming"
+    for name in names[1:]:
+        (incoming / f"{name}.status").write_bytes(b"{}")
+    store_of = log_store(loaded.config)
+
+    archived_now = store_of.archive(store_of.rotated())
+
+    assert sorted(path.rsplit("/", 1)[-1] for path in archived_now) == sorted(f"{name}.gz" for name in names)
+    assert sorted(p.name for p in incoming.iterdir()) == []
+    assert set(archived(loaded)) == {f"{name}.gz" for name in names}
+
+
+def test_the_stores_secrets_stay_out_of_reprs() -> None:
+    # Review: the reader travels in every job plan; a repr in a log line or a traceback showed them.
+    reader = RemoteReader("s3://bucket/events", {"key": "AKIDEXAMPLE", "secret": "wJalrXUtnFEMI"})
+    assert "AKIDEXAMPLE" not in repr(reader) and "wJalrXUtnFEMI" not in repr(reader)
+
+
+@pytest.mark.parametrize("node", ["..", "../other", "a/b", "."])
+def test_a_node_name_cannot_lead_failed_copies_out_of_failed(tmp_path: Path, node: str) -> None:
+    # Review: `server.name` (or the host name) went into the copies' keys as it was.
+    loaded = remote_config(tmp_path, {"url": (tmp_path / "store").as_uri()}, {"dd": duckdb_destination()}, node=node)
+    failed = tmp_path / "events" / "failed"
+    failed.mkdir(parents=True)
+    (failed / "failed.dst=dd.log").write_bytes(b'{"n":1}\n')
+
+    log_store(loaded.config).publish_failed(failed)
+
+    (copy,) = [path for path in (tmp_path / "store").rglob("*") if path.is_file()]
+    assert copy.parent.parent == tmp_path / "store" / "failed" and copy.parent.name not in (".", "..")

@@ -5,6 +5,7 @@ keeps both workers' cores for as long as it lives, and the second waits for ever
 
 from __future__ import annotations
 
+import gzip
 import time
 from pathlib import Path
 
@@ -28,12 +29,16 @@ def test_a_pass_completes_while_another_applications_session_idles(
         first = idle.wait_idle()
         assert first["executors"], first  # it had executors, so it held the cluster's cores
         make_config(tmp_path, {"dd": duckdb_destination()}, spark={"master": spark_cluster.master_url})
-        put_log(tmp_path, FIXTURE_LOG)
+        log = put_log(tmp_path, FIXTURE_LOG)
+        content = log.read_bytes()
         started = time.monotonic()
         done = run_cli(tmp_path, "process", timeout=PASS_TIMEOUT_SEC)
         took = time.monotonic() - started
         assert done.returncode == 0, done.stdout + done.stderr[-3000:]
         assert "1 log(s) archived" in done.stdout
+        # On a cluster master the executors gzip the settled logs (`LocalStore.archive`).
+        (archived,) = (tmp_path / "events" / "archive").glob(f"*/{log.name}.gz")
+        assert gzip.decompress(archived.read_bytes()) == content and not log.exists()
         assert duck_rows(tmp_path, 'SELECT count(*) FROM "user_2020_08"') == [(3,)]
         assert idle.alive(), idle.stderr_tail()  # the first session lived through the second's pass
 

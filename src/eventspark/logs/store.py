@@ -174,9 +174,16 @@ class LocalStore:
         """Gzips `logs` into the archive, several at once: ISA-L releases the GIL, and the pass
         waits for this serial tail with the executors' cores idle (1M events: 0.9 s → 0.5 s on
         2 cores). A log that fails stops the pass after the others are done; it stays in incoming/
-        (settled: the next pass archives it)."""
+        (settled: the next pass archives it).
+
+        On a cluster master (`spark.master` not `local...`) the executors gzip them, a task per
+        log, as `RemoteStore.archive` does: the gzip is the one driver step that grows with the
+        events (docs/scaling.md), and the executors read these paths already (a shared folder)."""
         paths = [Path(logfile.location) for logfile in logs]
         folder = self.events_dir / "archive"
+        if session is not None and paths and not session.sparkContext.master.startswith("local"):
+            rdd = session.sparkContext.parallelize(paths, len(paths))
+            return rdd.map(lambda path: archive_log(path, folder)).collect()
         if len(paths) < 2:
             return [archive_log(path, folder) for path in paths]
         with ThreadPoolExecutor(min(len(paths), os.cpu_count() or 1)) as pool:
@@ -295,9 +302,22 @@ class RemoteStore:
         else:
             rdd = session.sparkContext.parallelize(jobs, len(jobs))
             done = rdd.map(lambda job: gzip_remote(reader, job[0], job[1])).collect()
-        for logfile in logs:
-            self.delete(logfile)
+        self._delete_all(logs)
         return done
+
+    def _delete_all(self, logs: list[LogFile]) -> None:
+        """`delete` of many logs in two bulk requests (S3 deletes up to 1,000 objects per
+        request), the logs before their statuses: a status left alone is never listed, a log
+        left without its status would be read again as new."""
+        self._remove_all([logfile.location for logfile in logs])
+        self._remove_all([logfile.location + STATUS_SUFFIX for logfile in logs])
+
+    def _remove_all(self, locations: list[str]) -> None:
+        try:
+            self.fs.rm(locations)
+        except FileNotFoundError:  # a filesystem (`file://`) stops at a missing one: one by one
+            for location in locations:
+                self._remove(location)
 
     def spool_target(self, job_id: str) -> str | None:
         """Where executors upload their spools of failed events (their disks are not the driver's)."""
