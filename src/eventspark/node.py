@@ -23,6 +23,7 @@ from eventspark.coordination import Coordination, CoordinationError, build_coord
 from eventspark.coordination.base import DEFAULT_HEARTBEAT_TTL
 from eventspark.destinations.sql import debug_log
 from eventspark.logs.retention import Retention
+from eventspark.logs.upload import node_name
 from eventspark.ops.cache import events_cache_for, token_ids
 from eventspark.ops.metrics import PipelineMetrics, Snapshots, pipeline_metrics, process_snapshots
 
@@ -49,7 +50,7 @@ class NodeServices:
         modes = {dest.mode for dest in config.destinations.values()}
         self.uploader = Uploader(loaded, self.coordination) if "batch" in modes else None
         self.stream = StreamWorkers(loaded, coordination=self.coordination) if "stream" in modes else None
-        self.retention = Retention(config.log)
+        self.retention = Retention(config.log, node=node_name(config))  # its failed copies on log.remote
         self.heartbeat_period = heartbeat_period or heartbeat_period_of(config.coordination)
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None

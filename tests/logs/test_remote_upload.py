@@ -228,6 +228,79 @@ def test_a_log_with_a_local_status_keeps_its_name(tmp_path: Path, moto_s3: str, 
     assert not path.exists() and not status.exists()
 
 
+def test_a_crash_before_the_local_removal_keeps_the_newer_remote_status(
+    tmp_path: Path, moto_s3: str, s3_bucket: str
+) -> None:
+    # Review: the local status went up again over the one a pass had written since, which made
+    # that pass's destinations load the log a second time.
+    config = make_config(tmp_path, s3_remote(moto_s3, s3_bucket))
+    path = write_log(tmp_path, rotated_log_name("web", AT), b'{"n":1}\n')
+    old = b'{"dw":{"events":{"uploaded":false,"error":"down"}}}'
+    write_log(tmp_path, path.name + ".status", old)
+    assert upload_rotated(config) == [path.name]
+    newer = b'{"dw":{"events":{"uploaded":true,"error":""}}}'  # a pass on another node loaded it since
+    s3_client(moto_s3).put_object(Bucket=s3_bucket, Key=f"events/incoming/{path.name}.status", Body=newer)
+    write_log(tmp_path, path.name, b'{"n":1}\n')  # as if the process died before removing them
+    status = write_log(tmp_path, path.name + ".status", old)
+
+    assert upload_rotated(config) == [path.name]
+    assert remote_objects(moto_s3, s3_bucket)[f"events/incoming/{path.name}.status"] == newer
+    assert not path.exists() and not status.exists()
+
+
+class Crash(BaseException):
+    """The process dying at a given point (not an error the upload's retries catch)."""
+
+
+def test_a_log_archived_while_its_node_was_down_does_not_go_up_again(
+    tmp_path: Path, moto_s3: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review: a node dying between the verified upload and the local removal, then a pass on
+    # another node loading and archiving the log (its status removed), made the next call put the
+    # log up again under its name: a pass would read it once more, as new.
+    config = make_config(tmp_path, s3_remote(moto_s3, s3_bucket))
+    path = write_log(tmp_path, rotated_log_name("web", AT), b'{"n":1}\n')
+    real_unlink = os.unlink
+
+    def dying_unlink(target: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(target) == path:
+            raise Crash
+        real_unlink(target, *args, **kwargs)
+
+    monkeypatch.setattr(upload.os, "unlink", dying_unlink)
+    with pytest.raises(Crash):
+        upload_rotated(config)
+    monkeypatch.undo()
+    client = s3_client(moto_s3)
+    (key,) = remote_objects(moto_s3, s3_bucket)
+    name = key.rsplit("/", 1)[-1]
+    client.put_object(Bucket=s3_bucket, Key=f"events/archive/2026-11-23/{name}.gz", Body=b"gz")  # the pass
+    client.delete_object(Bucket=s3_bucket, Key=key)
+
+    assert upload_rotated(config) == []
+    assert list(remote_objects(moto_s3, s3_bucket)) == [f"events/archive/2026-11-23/{name}.gz"]
+    assert not path.exists() and os.listdir(path.parent) == [upload.LOCK_FILE]
+
+
+def test_a_log_whose_upload_died_midway_goes_up_on_the_next_call(
+    tmp_path: Path, moto_s3: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_config(tmp_path, s3_remote(moto_s3, s3_bucket))
+    path = write_log(tmp_path, rotated_log_name("web", AT), b'{"n":1}\n')
+
+    def dying_put(*args: Any, **kwargs: Any) -> None:
+        raise Crash
+
+    monkeypatch.setattr(upload, "_put", dying_put)
+    with pytest.raises(Crash):
+        upload_rotated(config)
+    monkeypatch.undo()
+
+    (name,) = upload_rotated(config)
+    assert remote_objects(moto_s3, s3_bucket) == {f"events/incoming/{name}": b'{"n":1}\n'}
+    assert not path.exists() and os.listdir(path.parent) == [upload.LOCK_FILE]
+
+
 def test_another_uploading_process_is_waited_for_then_given_up_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -328,3 +401,12 @@ def test_serve_with_workers_uploads_at_shutdown(tmp_path: Path, moto_s3: str, s3
     assert sorted(e["n"] for e in events) == list(range(20))  # each once
     assert {parse_log_name(key.rsplit("/", 1)[1]).node for key in objects} == {"node-b"}
     assert [p.name for p in server.incoming.glob("*.log")] == []
+
+
+def test_remote_names_have_no_glob_characters() -> None:
+    # fsspec reads `*`, `?` and `[` in paths as globs: a pass ignores names holding them.
+    local = rotated_log_name("we*b[1]?", AT)
+    remote = with_node(local, "node*[a]")
+    assert remote is not None and not any(char in remote for char in "*?[")
+    assert parse_log_name(remote) == LogName("we*b[1]?", None, AT, "node*[a]")
+    assert rotated_log_name("we*b[1]?", AT, node="node*[a]") == remote

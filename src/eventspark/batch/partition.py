@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -117,6 +118,9 @@ class PartitionTask:
         self.buffers: dict[tuple[str, str], ChunkBuffer] = {}
         self.counts: dict[tuple[str, str, str], list[int]] = {}
         self.spools: dict[tuple[str, str, str], tuple[Path, IO[bytes]]] = {}
+        self.spool_folder: Path | None = None
+        """This task's spools: the driver's staging folder, or with `log.remote` one in the executor's
+        temp dir (`spool`), removed when the task ends (`close`)."""
         self.writers: dict[str, StageWriter] = {}
         self.chunks: list[StagedResult] = []
         self.errors: dict[tuple[str, str], str] = {}
@@ -446,14 +450,20 @@ class PartitionTask:
         key = (file, dest_id, table)
         found = self.spools.get(key)
         if found is None:
-            # With `log.remote` the driver's staging folder may not exist here (another machine):
-            # the spool is uploaded at the end of the task (`shipped`).
-            base = Path(self.plan.staging_dir) if self.plan.reader is None else Path(tempfile.gettempdir())
-            folder = base / self.plan.job_id / "failed"
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"{uuid.uuid4().hex}.log"
+            path = self._spool_folder() / f"{uuid.uuid4().hex}.log"
             found = self.spools[key] = (path, path.open("wb"))
         return found[1]
+
+    def _spool_folder(self) -> Path:
+        # With `log.remote` the driver's staging folder may not exist here (another machine): the
+        # spools go to a folder of this task, uploaded at its end (`shipped`) and removed (`close`).
+        if self.spool_folder is None:
+            if self.plan.reader is None:
+                self.spool_folder = Path(self.plan.staging_dir) / self.plan.job_id / "failed"
+                self.spool_folder.mkdir(parents=True, exist_ok=True)
+            else:
+                self.spool_folder = Path(tempfile.mkdtemp(prefix=f"eventspark-{self.plan.job_id}-"))
+        return self.spool_folder
 
     def flush(self, dest_id: str, buffer: ChunkBuffer) -> None:
         if self.plan.objects and dest_id in self.plan.objects:
@@ -592,6 +602,8 @@ class PartitionTask:
             objects.close()
         for _path, handle in self.spools.values():
             handle.close()
+        if self.plan.reader is not None and self.spool_folder is not None:
+            shutil.rmtree(self.spool_folder, ignore_errors=True)  # shipped, or the task failed: retried
 
 
 class _Checking:

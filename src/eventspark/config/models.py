@@ -157,7 +157,9 @@ class RemoteLogs(Section):
 
     url: str = Field(description="fsspec URL of the folder, e.g. s3://bucket/prefix")
     storage_options: dict[str, Any] = Field(
-        default_factory=dict, description="fsspec's options of the URL's filesystem, e.g. key, secret, endpoint_url"
+        default_factory=dict,
+        description="fsspec's options of the URL's filesystem, e.g. key, secret, endpoint_url",
+        repr=False,  # holds the store's keys
     )
 
     @field_validator("url")

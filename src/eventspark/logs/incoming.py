@@ -57,6 +57,9 @@ _NAME = re.compile(
 )
 # Characters that would change a file name's meaning (a path, the `|` separator, the escape itself).
 _UNSAFE_ID = re.compile(r"[/\\|%\x00]|^\.")
+GLOB_CHARACTERS = re.compile(r"[*?\[]")
+"""fsspec reads them as globs in the paths given to `rm`, `mv` or a `cat` of several: encoded in
+remote names (`with_node`); a pass ignores a listed name that holds one (`logs.store`)."""
 
 
 # --- names ----------------------------------------------------------------------------------------
@@ -79,9 +82,13 @@ def _quote_id(token_id: str) -> str:
 
 
 def _base(token_id: str, worker: int | None, node: str | None = None) -> str:
-    suffix = "" if node is None else f"|n={_quote_id(node)}"
-    suffix += "" if worker is None else f"|w={worker}"
-    return f"{_PREFIX}{_quote_id(token_id)}{suffix}"
+    token = _quote_id(token_id) if node is None else _with_node(_quote_id(token_id), node)
+    return f"{_PREFIX}{token}" + ("" if worker is None else f"|w={worker}")
+
+
+def _with_node(token: str, node: str) -> str:
+    """`<token>|n=<node>` in a remote name: no glob characters in either (`_quote_glob`)."""
+    return f"{_quote_glob(token)}|n={_quote_glob(_quote_id(node))}"
 
 
 def live_log_name(token_id: str, worker: int | None = None) -> str:
@@ -104,8 +111,13 @@ def with_node(name: str, node: str) -> str | None:
         return None
     if match.group("node") is not None:
         return name
-    end = match.end("tok")
-    return f"{name[:end]}|n={_quote_id(node)}{name[end:]}"
+    start, end = match.span("tok")
+    return f"{name[:start]}{_with_node(name[start:end], node)}{name[end:]}"
+
+
+def _quote_glob(part: str) -> str:
+    """`GLOB_CHARACTERS` percent-encoded (`parse_log_name` decodes them)."""
+    return GLOB_CHARACTERS.sub(lambda found: f"%{ord(found.group()):02X}", part)
 
 
 def parse_log_name(name: str) -> LogName | None:

@@ -36,6 +36,9 @@ Nothing modified less than `MIN_AGE_SEC` ago is removed by either rule. The size
 replayed folders first (their events were replayed), then failed files, each by age; when what
 may not be removed alone exceeds the cap, a warning says so. Sizes are in GiB (2^30 bytes).
 Each run records the sizes it measured in `<log.path>/state/retention.json` (`read_usage`).
+
+With `log.remote`, `apply_retention` then applies the archive keys to the store's `archive/` and
+removes this node's copies of the failed files it removed (`logs.remote_retention`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -97,7 +101,7 @@ class RetentionResult:
     """What one directory's run found and removed."""
 
     directory: str
-    """`archive` or `failed`."""
+    """`archive` or `failed`; with `log.remote`, also `remote_archive` and `remote_failed`."""
     size_before: int = 0
     files_before: int = 0
     removed: list[Removed] = field(default_factory=list)
@@ -461,8 +465,10 @@ def _mtime(path: Path) -> float:
 # --- in `serve` -----------------------------------------------------------------------------------
 
 
-def apply_retention(log: LogConfig, now: float | None = None) -> list[RetentionResult]:
-    """Both directories' policies, their metrics, and the sizes recorded for `read_usage`."""
+def apply_retention(log: LogConfig, now: float | None = None, node: str | None = None) -> list[RetentionResult]:
+    """Both directories' policies (and, with `log.remote`, the store's archive and this node's
+    failed copies: `remote_retention`), their metrics, and the sizes recorded for `read_usage`.
+    `node`: this node's name in the store (`logs.upload.node_name`; unset, the host name)."""
     from eventspark.ops.metrics import pipeline_metrics
 
     log_path = Path(log.path)
@@ -470,11 +476,37 @@ def apply_retention(log: LogConfig, now: float | None = None) -> list[RetentionR
         archive_retention(log_path, log.archive_retention_days, log.archive_max_gb, now),
         failed_retention(log_path, log.failed_retention_days, log.failed_max_gb, now),
     ]
+    if log.remote is not None:
+        results += _remote_retention(log, results[1], time.time() if now is None else now, node)
     metrics = pipeline_metrics()
     for result in results:
         metrics.retention_removed(result.directory, result.removed_files, result.removed_bytes)
     _write_usage(log_path, results, time.time() if now is None else now)
     return results
+
+
+def _remote_retention(log: LogConfig, failed: RetentionResult, now: float, node: str | None) -> list[RetentionResult]:
+    """The store's part, each half on its own: a store down is logged and retried next run, and
+    never stops the local policy (applied first)."""
+    from eventspark.logs.remote_retention import remote_archive_retention, remove_failed_copies
+
+    assert log.remote is not None
+    results = []
+    try:
+        results.append(remote_archive_retention(log.remote, log.archive_retention_days, log.archive_max_gb, now))
+    except Exception as exc:  # fsspec raises the store's own errors
+        _store_warning("the store's archive/", exc)
+    try:
+        name = node or socket.gethostname()
+        results.append(remove_failed_copies(log.remote, Path(log.path), name, failed.removed))
+    except Exception as exc:
+        _store_warning("the store's failed copies", exc)
+    return results
+
+
+def _store_warning(what: str, exc: Exception) -> None:
+    """A store error names the part left for the next run."""
+    log.warning("retention: %s not trimmed (next run): %s: %s", what, type(exc).__name__, exc)
 
 
 def _write_usage(log_path: Path, results: list[RetentionResult], now: float) -> None:
@@ -505,8 +537,10 @@ class Retention:
     """The policy of one `log.path` on a daemon thread: at start, every `period` seconds, and
     when `wake` is called (after a batch pass). Constructing it does no I/O."""
 
-    def __init__(self, log: LogConfig, period: float = PERIOD_SEC) -> None:
+    def __init__(self, log: LogConfig, period: float = PERIOD_SEC, node: str | None = None) -> None:
         self.log = log
+        self.node = node
+        """This node's name on the store (`log.remote`): its failed copies are `failed/<node>/`."""
         self.period = period
         self.key = Path(log.path).absolute()
         self._wake = threading.Event()
@@ -544,7 +578,7 @@ class Retention:
     @in_job("retention")
     def run_once(self) -> list[RetentionResult]:
         try:
-            return apply_retention(self.log)
+            return apply_retention(self.log, node=self.node)
         except Exception:  # a bug or an unreadable folder must not end the thread
             log.exception("retention: applying the policy failed; trying again next period")
             return []

@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from isal import igzip
 
 from eventspark.config.models import Config, RemoteLogs
 from eventspark.logs.archive import COPY_CHUNK, archive_log
+from eventspark.logs.incoming import GLOB_CHARACTERS
 from eventspark.logs.remote import atomic_puts, remote_filesystem
 from eventspark.logs.replay import replay_destination
 from eventspark.logs.rotated import rotated_logs, rotated_token
@@ -39,6 +41,9 @@ from eventspark.logs.status import STATUS_SUFFIX, LogStatus, parse_status, read_
 
 log = logging.getLogger(__name__)
 
+EXECUTOR_ARCHIVE_BYTES = 256 * 1024 * 1024
+"""From this many bytes of settled logs, a cluster's executors archive them (`LocalStore.archive`):
+a Spark job costs ~0.15 s to start, ISA-L gzips ~1 GB/s per core (docs/scaling.md)."""
 REMOTE_READ_BUFFER = 4 * 1024 * 1024
 """Bytes per ranged GET of an executor's read: few requests per 16 MiB split, little read past it."""
 FAILED_FILE_PREFIX = "failed.dst="
@@ -65,7 +70,7 @@ class RemoteReader:
     """What an executor needs to reach `log.remote`: picklable, shipped in the job's plan."""
 
     url: str
-    storage_options: dict[str, Any] = field(default_factory=dict)
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)  # holds the store's keys
 
     def filesystem(self) -> Any:
         key = (self.url, orjson.dumps(self.storage_options, option=orjson.OPT_SORT_KEYS, default=str))
@@ -94,11 +99,32 @@ def gzip_remote(reader: RemoteReader, source: str, target: str) -> str:
     a truncated archive under the final name."""
     fs = reader.filesystem()
     writing = target if atomic_puts(fs) else _temporary(fs, target)
-    with reader.open(source) as src, fs.open(writing, "wb") as raw, igzip.open(raw, "wb", compresslevel=1) as dst:
-        shutil.copyfileobj(src, dst, COPY_CHUNK)
+    with reader.open(source) as src, fs.open(writing, "wb") as raw:
+        try:
+            with igzip.open(raw, "wb", compresslevel=1) as dst:
+                shutil.copyfileobj(src, dst, COPY_CHUNK)
+        except BaseException:
+            _discard(raw)
+            raise
     if writing != target:
         fs.mv(writing, target)
     return target
+
+
+def _discard(raw: Any) -> None:
+    """An object being written, dropped: fsspec's `close()` (on leaving its `with`) would put what
+    was written so far, a truncated archive, under the final name (s3fs: the multipart upload is
+    aborted; a smaller one was never sent)."""
+    with contextlib.suppress(Exception):  # a local file has nothing to discard: it has a temporary name
+        raw.discard()
+    raw.forced = True  # nothing left for `close()` to flush
+
+
+def _on_executors(session: Any, items: list[Any], work: Any) -> list[Any]:
+    """`work` of every item on the executors, in the items' order, in at most one task per core:
+    a task per item costs ~80-95 ms per extra task where an executor gets several."""
+    slices = max(1, min(len(items), session.sparkContext.defaultParallelism))
+    return session.sparkContext.parallelize(items, slices).map(work).collect()
 
 
 def replace_object(fs: Any, target: str, data: bytes) -> None:
@@ -176,14 +202,15 @@ class LocalStore:
         2 cores). A log that fails stops the pass after the others are done; it stays in incoming/
         (settled: the next pass archives it).
 
-        On a cluster master (`spark.master` not `local...`) the executors gzip them, a task per
-        log, as `RemoteStore.archive` does: the gzip is the one driver step that grows with the
-        events (docs/scaling.md), and the executors read these paths already (a shared folder)."""
+        On a cluster master (`spark.master` not `local...`) and from EXECUTOR_ARCHIVE_BYTES on,
+        the executors gzip them, as `RemoteStore.archive` does: the gzip is the one driver step
+        that grows with the events (docs/scaling.md), and the executors read these paths already
+        (a shared folder). Below that, a second Spark job costs more than the gzip."""
         paths = [Path(logfile.location) for logfile in logs]
         folder = self.events_dir / "archive"
-        if session is not None and paths and not session.sparkContext.master.startswith("local"):
-            rdd = session.sparkContext.parallelize(paths, len(paths))
-            return rdd.map(lambda path: archive_log(path, folder)).collect()
+        big = sum(logfile.size for logfile in logs) >= EXECUTOR_ARCHIVE_BYTES
+        if session is not None and big and not session.sparkContext.master.startswith("local"):
+            return _on_executors(session, paths, lambda path: archive_log(path, folder))
         if len(paths) < 2:
             return [archive_log(path, folder) for path in paths]
         with ThreadPoolExecutor(min(len(paths), os.cpu_count() or 1)) as pool:
@@ -215,7 +242,7 @@ class RemoteStore:
         self.fs, self.root = remote_filesystem(remote)
         self.reader = RemoteReader(remote.url, dict(remote.storage_options))
         self.events_dir = events_dir
-        self.node = node
+        self.node = _key_segment(node)  # a folder of the failed copies' keys: no `/`, `.` or `..`
         self.incoming = f"{self.root}/incoming"
 
     def rotated(self) -> list[LogFile]:
@@ -235,7 +262,8 @@ class RemoteStore:
                 continue
             if name.startswith(".") and name.endswith(".tmp"):
                 continue  # a status being replaced (`replace_object`), not an object store
-            if rotated_token(name) is None and replay_destination(name) is None:
+            # A glob character in a path makes fsspec's `rm` delete other logs: never a log here.
+            if (rotated_token(name) is None and replay_destination(name) is None) or GLOB_CHARACTERS.search(name):
                 log.warning("log.remote: %s in incoming/ is not a rotated log: ignored", name)
                 continue
             found.append(LogFile(name, int(entry["size"]), f"{self.incoming}/{name}"))
@@ -300,8 +328,7 @@ class RemoteStore:
         if session is None:
             done = [gzip_remote(reader, source, target) for source, target in jobs]
         else:
-            rdd = session.sparkContext.parallelize(jobs, len(jobs))
-            done = rdd.map(lambda job: gzip_remote(reader, job[0], job[1])).collect()
+            done = _on_executors(session, jobs, lambda job: gzip_remote(reader, job[0], job[1]))
         self._delete_all(logs)
         return done
 
@@ -384,6 +411,12 @@ def remote_lock_name(remote: RemoteLogs) -> str:
     return f"batch-pass:{remote.url.rstrip('/')}"
 
 
+def _key_segment(name: str) -> str:
+    """`name` percent-encoded as one segment of a key: no `/`, and no leading dot (`.`, `..`)."""
+    quoted = quote(name, safe="")
+    return "%2E" + quoted[1:] if quoted.startswith(".") else quoted
+
+
 def _strip(path: str) -> str:
     """fsspec's `cat` may key its answer with the protocol: the bare path."""
     return path.split("://", 1)[-1]
@@ -394,3 +427,9 @@ def _parse(data: bytes) -> LogStatus:
         return parse_status(orjson.loads(data))
     except orjson.JSONDecodeError:
         return {}
+
+
+def failed_copy_location(root: str, node: str, name: str) -> str:
+    """Where `RemoteStore.publish_failed` of node `node` copies its failed file `name` (retention
+    removes the copy with the local file: `logs.remote_retention`)."""
+    return f"{root}/failed/{_key_segment(node)}/{name}"

@@ -58,6 +58,8 @@ LOCK_WAIT_SEC = 120.0
 """How long a call waits for another process of this node that is uploading (a call is bounded)."""
 MAX_NAME_STEPS = 1000
 """Names tried when objects of the same name and other content exist (a node name used twice)."""
+JOURNAL_SUFFIX = ".uploading"
+"""`.<log>.uploading` beside a local log while it may be on the store (`_start_journal`)."""
 
 
 class UploadError(RuntimeError):
@@ -152,24 +154,61 @@ def upload_log(fs: Any, root: str, path: Path, node: str, part_size: int = PART_
         digest = _digest(path, part_size)
     except FileNotFoundError:
         return None
-    if status.exists():
-        _put(fs, root, status, name + STATUS_SUFFIX, _digest(status, part_size), part_size)
-    name = _put_once(fs, root, path, name, digest, part_size)
+    journal = path.with_name(f".{path.name}{JOURNAL_SUFFIX}")
+    if journal.exists() and _archived(fs, root, name):
+        logger.warning("%s was loaded and archived while this node was down; the local copy goes", path.name)
+        _remove_local(path, status, journal)
+        return None
+    _start_journal(journal)
+    name = _put_once(fs, root, path, name, digest, part_size, status if status.exists() else None)
     if not path.exists():  # another process uploaded it meanwhile (impossible under the lock)
         return name
-    os.unlink(path)  # the log before its status: a crash in between leaves a stray status only
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(status)
+    _remove_local(path, status, journal)
     return name
 
 
-def _put_once(fs: Any, root: str, path: Path, name: str, digest: Digest, part_size: int) -> str:
-    """Puts the log under `name`, or finds it there from an earlier call that crashed before the
-    local removal; another object under that name makes the next free name (a millisecond later)."""
+def _start_journal(journal: Path) -> None:
+    """Marks the log as maybe on the store from now on, durably: after a crash, a marked log missing
+    from the store's incoming/ may have been loaded and archived already (`_archived`)."""
+    if not journal.exists():
+        journal.touch()
+        sync_dir(journal.parent)
+
+
+def _remove_local(path: Path, status: Path, journal: Path) -> None:
+    os.unlink(path)  # the log first: a crash in between leaves a stray status or journal only
+    for leftover in (status, journal):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(leftover)
+
+
+def _archived(fs: Any, root: str, name: str) -> bool:
+    """Whether a pass archived the log `name` (gone from incoming/, in `archive/<day>/` from the day
+    of its rotation on): a log whose upload was cut short is put again only when it is not."""
+    if _info(fs, remote_path(root, "incoming", name)) is not None:
+        return False  # still there: `_put_once` finds it
+    parsed = parse_log_name(name)
+    first = parsed.rotated_at.strftime("%Y-%m-%d") if parsed is not None and parsed.rotated_at else ""
+    try:
+        days = fs.ls(remote_path(root, "archive"), detail=False, refresh=True)
+    except FileNotFoundError:
+        return False
+    days = [day for day in days if day.rstrip("/").rsplit("/", 1)[-1] >= first]
+    return any(_info(fs, remote_path(day, f"{name}.gz")) is not None for day in days)
+
+
+def _put_once(
+    fs: Any, root: str, path: Path, name: str, digest: Digest, part_size: int, status: Path | None = None
+) -> str:
+    """Puts the log under `name` (its local `status` first), or finds it there from an earlier call
+    that crashed before the local removal; another object under that name makes the next free name
+    (a millisecond later)."""
     for _ in range(MAX_NAME_STEPS):
         target = remote_path(root, "incoming", name)
         info = _info(fs, target)
         if info is None:
+            if status is not None:  # only with the log: a status found up there may be a pass's, newer
+                _put(fs, root, status, name + STATUS_SUFFIX, _digest(status, part_size), part_size)
             _put(fs, root, path, name, digest, part_size)
             return name
         if _matches(fs, target, info, digest):
