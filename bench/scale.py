@@ -69,12 +69,18 @@ def measure_master(job: dict[str, Any]) -> dict[str, Any]:
     """Runs in its own process: Spark's overheads and the timed passes on one master."""
     from eventspark.batch.session import get_session, stop_session
     from eventspark.config.models import SparkConfig
+    from eventspark.logs import store
 
     conf = {} if job["master"].startswith("local[") else CLUSTER_CONF
     started = time.perf_counter()
     session = get_session(SparkConfig(master=job["master"], conf=conf))
     cores = session.sparkContext.defaultParallelism
     out: dict[str, Any] = {"master": job["master"], "cores": cores, "session_seconds": time.perf_counter() - started}
+    # As `LocalStore.archive` decides: a cluster master's executors gzip the logs (a Spark job),
+    # here at every size (below `EXECUTOR_ARCHIVE_BYTES` a pass keeps it on the driver: the model
+    # needs the job's costs at the bench's sizes too).
+    store.EXECUTOR_ARCHIVE_BYTES = 0
+    out["archive_on"] = "driver" if job["master"].startswith("local") else "executors"
     out["job_seconds"], out["task_seconds"] = spark_overheads(session.sparkContext, cores)
     schema = job["schema"]
     work = Path(job["work"])
@@ -303,6 +309,27 @@ def copy_rate(configs: list[dict[str, Any]], types: dict[str, str]) -> float:
     return configs[-1]["events"] / min(seconds.values())
 
 
+def gzip_cpu(configs: list[dict[str, Any]], folder: Path, repeats: int = 3) -> float:
+    """CPU seconds per event of `archive_log` (ISA-L gzip, fsync, rename) on one thread, over the
+    largest pass's logs: what one executor core spends per event archiving on a cluster master.
+    This thread's CPU only, so other work on the machine does not count (the driver's `archive`
+    timing is wall time of a thread pool on shared cores)."""
+    from eventspark.logs.archive import archive_log
+
+    files = [Path(f) for f in configs[-1]["files"]]
+    runs = []
+    for repeat in range(repeats):
+        logs = folder / f"logs-{repeat}"
+        logs.mkdir(parents=True)
+        for path in files:
+            os.link(path, logs / path.name)  # archive_log removes the log: a link, not the data
+        started = time.thread_time()
+        for path in files:
+            archive_log(logs / path.name, folder / f"archive-{repeat}")
+        runs.append(time.thread_time() - started)
+    return statistics.median(runs) / configs[-1]["events"]
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     numbers = lambda text: [int(float(x)) for x in text.split(",")]  # noqa: E731
@@ -318,6 +345,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--executors", type=numbers, default=[1, 4, 16, 64])
     parser.add_argument("--period", type=float, default=60.0, help="log.uploader_period_sec")
     parser.add_argument("--destination-cores", type=int, default=2, help="cores of the destination (this machine: 2)")
+    parser.add_argument(
+        "--store-request-ms",
+        type=float,
+        default=0.0,
+        help="latency of one request to log.remote's store, for the archive's deletes (0: log.path)",
+    )
     parser.add_argument(
         "--remote",
         default="",
@@ -347,8 +380,7 @@ def main() -> None:
         return
     args = parse_args()
     if args.from_json:
-        saved = json.loads(args.from_json.read_text())
-        report(saved["results"], saved["floor"], args, saved["bytes_per_event"])
+        report(json.loads(args.from_json.read_text()), args)
         return
     work = Path(tempfile.mkdtemp(prefix="eventspark-scale-"))
     try:
@@ -357,7 +389,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(saved, indent=1))
-    report(saved["results"], saved["floor"], args, saved["bytes_per_event"])
+    report(saved, args)
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -380,7 +412,9 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if not results:
         raise SystemExit("no master could be measured")
     floor = copy_rate(configs, results[0]["types"])
-    return {"results": results, "floor": floor, "bytes_per_event": bytes_per_event}
+    gzip = gzip_cpu(configs, work / "gzip")
+    print(f"archive's gzip: {gzip * 1e6:.2f} µs of CPU per event, one thread", flush=True)
+    return {"results": results, "floor": floor, "bytes_per_event": bytes_per_event, "gzip_cpu_per_event": gzip}
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """The cost model of a batch pass (`bench/scale.py` measures its inputs; docs/scaling.md explains it).
 
-A pass = the driver's part, run once per pass whatever the executors (listing, plan, load, settle,
-archive: each fitted as fixed + per event + per log), plus the Spark stage: a fixed job cost, a
-cost per wave of tasks, and the events spread over the executors that have a split to read, each
-executor's COPY taking a share of the destination's cores. Pure arithmetic, no Spark, no I/O, so
-that tests/bench/test_scale_model.py can check it.
+A pass = the driver's part, run once per pass whatever the executors (listing, plan, load, settle:
+each fitted as fixed + per event + per log), plus the Spark stage: a fixed job cost, a cost per
+wave of tasks, and the events spread over the executors that have a split to read, each
+executor's COPY taking a share of the destination's cores; then the archive. On a cluster master
+the executors gzip the logs (`LocalStore.archive`, `RemoteStore.archive`: a second Spark job, at
+most a task per core) from 256 MiB a pass; on a `local...` master, or below that size, the driver
+does (its fitted `archive` phase). Pure
+arithmetic, no Spark, no I/O, so that tests/bench/test_scale_model.py can check it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+EXECUTOR_ARCHIVE_BYTES = 256 * 1024 * 1024
+"""As `eventspark.logs.store.EXECUTOR_ARCHIVE_BYTES` (not imported: this module is plain arithmetic)."""
 DRIVER_PHASES = ("list", "plan", "load", "settle", "archive")
 """`JobResult.timings` phases run once per pass on the driver (`list`: the pass's wall time less
 its phases: listing incoming/, the node's lock, recovering failed/)."""
@@ -22,6 +27,9 @@ TASKS_PER_CORE = 4
 SPLIT_BYTES = 16 * 1024 * 1024
 """As `batch.splits.SPLIT_BYTES`: a log is cut into ceil(size / 16 MiB) splits, one task reads each."""
 DAY_SECONDS = 86_400
+DELETES_PER_REQUEST = 1_000
+"""S3's DeleteObjects limit: `RemoteStore._delete_all` removes a pass's logs, then their statuses,
+in bulk requests of at most this many keys."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +136,14 @@ class Costs:
     copy_rate: float
     """Rows per second one destination core takes by COPY (one backend per executor's COPY)."""
     destination_cores: int
+    archive_core_seconds: float = 0.0
+    """Seconds per event one executor core spends archiving (gzip) on a cluster master."""
+    archive_log_seconds: float = 0.0
+    """Seconds per log of the archive's task beside the gzip (open, fsync, rename)."""
+    archive_job_seconds: float = 0.0
+    """The archive job's fixed cost on a cluster master: an empty one-task Spark job."""
+    request_seconds: float = 0.0
+    """One request to the log store on the driver's side (0: `log.path`, a local disk)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,24 +155,48 @@ class Prediction:
     """Seconds of the events' part if the destination kept up."""
     destination_bound: float
     """Seconds the destination needs for the events with min(executors, cores) COPYs at once."""
+    archive: float = 0.0
+    """Seconds of the archive's Spark job (a cluster master; on a local one it is in `driver`)."""
 
     @property
     def total(self) -> float:
-        return self.driver + self.stage
+        return self.driver + self.stage + self.archive
 
     @property
     def driver_share(self) -> float:
         return self.driver / self.total if self.total else 0.0
 
 
-def driver_seconds(costs: Costs, events: float, logs: float) -> float:
-    return sum(costs.driver[phase].at(events, logs) for phase in DRIVER_PHASES if phase in costs.driver)
+def driver_seconds(costs: Costs, events: float, logs: float, archive_on_driver: bool = False) -> float:
+    """The driver's fitted phases, the archive among them only where the driver gzips (`local...`
+    masters), plus the archive's deletes on the log store."""
+    phases = [p for p in DRIVER_PHASES if p in costs.driver and (archive_on_driver or p != "archive")]
+    return sum(costs.driver[p].at(events, logs) for p in phases) + costs.request_seconds * delete_requests(logs)
 
 
-def predict(costs: Costs, work: Workload, executors: int) -> Prediction:
+def delete_requests(logs: float) -> int:
+    """Requests that remove a pass's archived logs from the store: the logs, then their statuses,
+    in bulk (two a pass up to 1,000 logs; before, two per log, one after the other)."""
+    return 2 * math.ceil(logs / DELETES_PER_REQUEST)
+
+
+def archive_seconds(costs: Costs, events: float, logs: int, executors: int) -> float:
+    """The archive as a Spark job on a cluster master: the logs in at most one task per core
+    (`logs.store._on_executors`), so the gzip of the pass's events spreads over
+    min(executors, logs) cores (the logs of a pass are of a size: one per node) in one wave, plus
+    the job's fixed cost."""
+    if logs <= 0:
+        return 0.0
+    spread = (events * costs.archive_core_seconds + logs * costs.archive_log_seconds) / min(executors, logs)
+    return costs.archive_job_seconds + spread
+
+
+def predict(costs: Costs, work: Workload, executors: int, archive_on_driver: bool = False) -> Prediction:
     """The pass of `work` on `executors` executors of one core each. The events' part is the
     slower of the executors (only those with a split to read help) and the destination (one COPY
-    per executor, at most one per destination core at full speed)."""
+    per executor, at most one per destination core at full speed). The archive is a Spark job
+    of the executors (a cluster master), or with `archive_on_driver` the driver's fitted phase
+    (what a `local...` master still does)."""
     splits = work.splits
     tasks = min(splits, TASKS_PER_CORE * executors)
     waves = math.ceil(tasks / executors)
@@ -164,8 +204,11 @@ def predict(costs: Costs, work: Workload, executors: int) -> Prediction:
     writers = min(executors, splits, costs.destination_cores)
     destination_bound = work.events / (writers * costs.copy_rate) if costs.copy_rate > 0 else 0.0
     stage = costs.job_seconds + (waves - 1) * costs.task_seconds + max(executor_bound, destination_bound)
-    driver = driver_seconds(costs, work.events, work.logs)
-    return Prediction(executors, driver, stage, executor_bound, destination_bound)
+    # Below EXECUTOR_ARCHIVE_BYTES a pass over `log.path` keeps the gzip on the driver (`LocalStore.archive`).
+    archive_on_driver = archive_on_driver or work.events * work.bytes_per_event < EXECUTOR_ARCHIVE_BYTES
+    driver = driver_seconds(costs, work.events, work.logs, archive_on_driver)
+    archive = 0.0 if archive_on_driver else archive_seconds(costs, work.events, work.logs, executors)
+    return Prediction(executors, driver, stage, executor_bound, destination_bound, archive)
 
 
 def speedup(costs: Costs, work: Workload, executors: int) -> float:
@@ -185,7 +228,7 @@ def prediction_table(costs: Costs, works: Sequence[Workload], executors: Sequenc
     """The lines of the table `bench/scale.py` prints: one per workload and executor count."""
     lines = [
         f"{'events/day':>11} {'events/pass':>11} {'logs':>4} {'splits':>6} {'exec':>4} {'pass s':>8} "
-        f"{'speed-up':>8} {'keeps up':>8} {'driver':>7} {'exec-bound s':>12} {'dest-bound s':>12}"
+        f"{'speed-up':>8} {'keeps up':>8} {'driver':>7} {'exec-bound s':>12} {'dest-bound s':>12} {'archive s':>9}"
     ]
     for work in works:
         for n in executors:
@@ -193,6 +236,6 @@ def prediction_table(costs: Costs, works: Sequence[Workload], executors: Sequenc
             lines.append(
                 f"{_count(work.rate):>11} {work.events:>11,} {work.logs:>4} {work.splits:>6} {n:>4} {p.total:>8.2f} "
                 f"{speedup(costs, work, n):>7.1f}x {('yes' if p.total <= work.period else 'NO'):>8} "
-                f"{p.driver_share:>6.0%} {p.executor_bound:>12.2f} {p.destination_bound:>12.2f}"
+                f"{p.driver_share:>6.0%} {p.executor_bound:>12.2f} {p.destination_bound:>12.2f} {p.archive:>9.2f}"
             )
     return lines

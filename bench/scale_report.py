@@ -1,6 +1,7 @@
 """What bench/scale.py prints: the fits of its measurements (bench/scale_model.py) and the
 tables of docs/scaling.md. A measured pass is a dict as `scale.timed_pass` returns it, with its
-`events`, `logs` and `mode`; a master's measurements are `scale.measure_master`'s dict."""
+`events`, `logs` and `mode`; a master's measurements are `scale.measure_master`'s dict; a run is
+`scale.measure`'s dict (`results`, `floor`, `bytes_per_event`, `gzip_cpu_per_event`)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,32 @@ def driver_fits(passes: list[dict[str, Any]]) -> dict[str, Linear]:
     return fits
 
 
+def archive_on(measured: dict[str, Any]) -> str:
+    """Who gzipped the logs under this master: "driver" or "executors" (a Spark job). Runs saved
+    before the archive moved to a cluster's executors (commit 453a7fa) have no such field: the
+    driver archived under every master then."""
+    return measured.get("archive_on", "driver")
+
+
+def model_driver_fits(results: list[dict[str, Any]]) -> dict[str, Linear]:
+    """The driver's phases over every master's passes, but the archive only over the masters
+    whose driver gzipped (`local...`): on a cluster master the `archive` timing is a Spark job."""
+    fits = driver_fits([r for m in results for r in m["passes"]])
+    local = [r for m in results if archive_on(m) == "driver" for r in m["passes"]]
+    if local:
+        fits["archive"] = driver_fits(local)["archive"]
+    else:
+        del fits["archive"]
+    return fits
+
+
+def print_phase(phase: str, fit: Linear, note: str = "") -> None:
+    print(
+        f"  {phase:<8} {fit.fixed * 1e3:7.1f} ms {fit.per_event * 1e6:7.3f} µs/event {fit.per_log * 1e3:6.2f} ms/log"
+        f"{note}"
+    )
+
+
 def print_passes(measured: dict[str, Any]) -> None:
     print(
         f"\n{measured['label']}: {measured['cores']} cores, session {measured['session_seconds']:.1f} s; "
@@ -62,6 +89,10 @@ def print_passes(measured: dict[str, Any]) -> None:
         )
 
 
+def fit_events_logs_of(passes: list[dict[str, Any]], phase: str) -> Linear:
+    return driver_fits(passes)[phase]
+
+
 def median(runs: list[dict[str, Any]], value: Any) -> float:
     return statistics.median(value(r) for r in runs)
 
@@ -80,13 +111,13 @@ def print_fits(results: list[dict[str, Any]]) -> None:
             f"  {measured['label']:<24} fixed {fit.fixed:6.3f} s, {fit.per_event * 1e6:5.1f} µs/event wall "
             f"(×{ratio:.2f}; ideal ×{measured['cores'] / base['cores']:g}), CPU {cpu.per_event * 1e6:5.1f} µs/event"
         )
-    fits = driver_fits([r for m in results for r in m["passes"]])
     print("\ndriver's part, every master's passes (fixed + per event + per log)")
-    for phase, fit in fits.items():
-        print(
-            f"  {phase:<8} {fit.fixed * 1e3:7.1f} ms {fit.per_event * 1e6:7.3f} µs/event "
-            f"{fit.per_log * 1e3:6.2f} ms/log"
-        )
+    for phase, fit in model_driver_fits(results).items():
+        print_phase(phase, fit, "  (on the driver: local masters only)" if phase == "archive" else "")
+    for measured in results:
+        if archive_on(measured) == "executors":
+            fit = fit_events_logs_of(measured["passes"], "archive")
+            print_phase("archive", fit, f"  (a Spark job on {measured['label']}'s {measured['cores']} executor cores)")
     print_remote(results)
     staged = [r for m in results for r in m.get("staged", [])]
     if staged:
@@ -110,10 +141,7 @@ def print_remote(results: list[dict[str, Any]]) -> None:
             f"{(there.per_event - local.per_event) * 1e6:+.1f} µs/event of wall time"
         )
         for phase, fit in driver_fits(remote).items():
-            print(
-                f"  {phase:<8} {fit.fixed * 1e3:7.1f} ms {fit.per_event * 1e6:7.3f} µs/event "
-                f"{fit.per_log * 1e3:6.2f} ms/log"
-            )
+            print_phase(phase, fit)
 
 
 def cluster_like(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -125,21 +153,31 @@ def cluster_like(results: list[dict[str, Any]]) -> dict[str, Any]:
     return results[0]
 
 
-def model_costs(results: list[dict[str, Any]], rate: float, cores: int) -> Costs:
+def model_costs(saved: dict[str, Any], cores: int, request_seconds: float = 0.0) -> Costs:
     """Costs for the prediction: the driver from every pass; an executor core's cost per event is
     local[1]'s CPU per event less the driver's per-event part (its own processes' CPU, so other
-    work on the machine does not count); Spark's fixed costs from the most cluster-like master."""
+    work on the machine does not count); Spark's fixed costs from the most cluster-like master.
+    The archive on a cluster's executors: the gzip's CPU per event on one thread (runs saved
+    before it was measured: the driver's archive fit, wall time of its thread pool), the
+    driver's per-log part, and an empty job's cost."""
+    results = saved["results"]
     base = next((m for m in results if m["label"] == "local[1]"), results[0])
     like = cluster_like(results)
-    driver = driver_fits([r for m in results for r in m["passes"]])
-    per_event = cpu_fit(base).per_event - sum(max(0.0, fit.per_event) for fit in driver.values())
+    driver = model_driver_fits(results)
+    archive = driver.get("archive", Linear(0.0))
+    gzip = saved.get("gzip_cpu_per_event", max(0.0, archive.per_event))
+    others = sum(max(0.0, fit.per_event) for phase, fit in driver.items() if phase != "archive")
     return Costs(
         driver=driver,
-        event_core_seconds=per_event,
+        event_core_seconds=cpu_fit(base).per_event - others - gzip,  # CPU of the pass: the gzip's too
         job_seconds=stage_fit(like).fixed,
         task_seconds=like["task_seconds"],
-        copy_rate=rate,
+        copy_rate=saved["floor"],
         destination_cores=cores,
+        archive_core_seconds=gzip,
+        archive_log_seconds=max(0.0, archive.per_log),
+        archive_job_seconds=like["job_seconds"],
+        request_seconds=request_seconds,
     )
 
 
@@ -147,13 +185,20 @@ def check_model(results: list[dict[str, Any]], costs: Costs) -> None:
     """The model's figures for each master's largest pass beside what it measured: with the
     master's cores, and with the cores its processes got (on 2 shared cores, Postgres and the
     machine's other work take their share: /proc's CPU of the pass's processes over its time)."""
-    print("\nmodel check, largest pass (local[1]'s cost per event; each master's own Spark costs):")
+    base = next((m for m in results if m["label"] == "local[1]"), results[0])["label"]
+    print(f"\nmodel check, largest pass ({base}'s cost per event; each master's own Spark costs):")
     for measured in results:
         biggest = max(measured["passes"], key=lambda r: (r["events"], r["logs"]))
         runs = [r for r in measured["passes"] if (r["events"], r["logs"]) == (biggest["events"], biggest["logs"])]
         work = Workload(biggest["events"] * scale_model.DAY_SECONDS, 1.0, biggest["logs"], 0.0)
-        local = dataclasses.replace(costs, job_seconds=stage_fit(measured).fixed, task_seconds=measured["task_seconds"])
-        full = scale_model.predict(local, work, measured["cores"])
+        local = dataclasses.replace(
+            costs,
+            job_seconds=stage_fit(measured).fixed,
+            task_seconds=measured["task_seconds"],
+            archive_job_seconds=measured["job_seconds"],
+        )
+        on_driver = archive_on(measured) == "driver"
+        full = scale_model.predict(local, work, measured["cores"], archive_on_driver=on_driver)
         got = median(runs, lambda r: r["cpu"] / r["total"])
         obtained = full.total - full.executor_bound + full.executor_bound * measured["cores"] / got
         print(
@@ -161,23 +206,57 @@ def check_model(results: list[dict[str, Any]], costs: Costs) -> None:
             f"{full.total:5.2f} s on {measured['cores']} free cores, {obtained:5.2f} s on the {got:.2f} cores its "
             f"processes got (machine busy {median(runs, lambda r: r['busy'] / r['total']):.2f} of 2)"
         )
+        if not on_driver:
+            check_archive(measured, local)
 
 
-def report(results: list[dict[str, Any]], floor: float, args: argparse.Namespace, bytes_per_event: float) -> None:
+def check_archive(measured: dict[str, Any], costs: Costs) -> None:
+    """The archive job of each pass shape on a cluster master, measured and as the model has it."""
+    shapes = sorted({(r["events"], r["logs"]) for r in measured["passes"]})
+    figures = []
+    for events, logs in shapes:
+        runs = [r for r in measured["passes"] if (r["events"], r["logs"]) == (events, logs)]
+        predicted = scale_model.archive_seconds(costs, events, logs, measured["cores"])
+        figures.append(f"{events:,}/{logs}: {median(runs, lambda r: r['phases']['archive']):.2f} ({predicted:.2f})")
+    print(f"  {'':<24} its archive job, events/logs: measured s (predicted): {'; '.join(figures)}")
+
+
+def report(saved: dict[str, Any], args: argparse.Namespace) -> None:
+    results, floor, bytes_per_event = saved["results"], saved["floor"], saved["bytes_per_event"]
     for measured in results:
         print_passes(measured)
     print_fits(results)
     print(f"\nCOPY floor: {floor:,.0f} rows/s from one process (a destination core takes this much at most)")
-    costs = model_costs(results, floor, args.destination_cores)
+    costs = model_costs(saved, args.destination_cores, args.store_request_ms / 1e3)
     check_model(results, costs)
     like = cluster_like(results)["label"]
+    base = next((m for m in results if m["label"] == "local[1]"), results[0])["label"]
+    gzip = "one thread's CPU" if "gzip_cpu_per_event" in saved else "the driver's fit: not measured in this run"
     print(
         f"\nprediction: a pass every {args.period:g} s, {bytes_per_event:.0f} bytes/event, one log per collector node "
-        f"and pass; an executor core {costs.event_core_seconds * 1e6:.1f} µs/event (local[1]'s CPU); Spark job "
+        f"and pass; an executor core {costs.event_core_seconds * 1e6:.1f} µs/event ({base}'s CPU); Spark job "
         f"{costs.job_seconds:.2f} s + {costs.task_seconds * 1e3:.0f} ms a further wave of tasks ({like}); "
-        f"destination {args.destination_cores} cores × {floor:,.0f} rows/s"
+        f"destination {args.destination_cores} cores × {floor:,.0f} rows/s; archive on the executors: a job "
+        f"{costs.archive_job_seconds:.2f} s + {costs.archive_core_seconds * 1e6:.2f} µs/event ({gzip}) + "
+        f"{costs.archive_log_seconds * 1e3:.2f} ms/log over min(executors, logs) cores; store requests "
+        f"{args.store_request_ms:g} ms each"
     )
     rates = zip(args.rates, args.nodes, strict=True)
     works = [Workload(rate, args.period, nodes, bytes_per_event) for rate, nodes in rates]
     for line in scale_model.prediction_table(costs, works, args.executors):
         print("  " + line)
+    print_driver_archive(costs, works)
+
+
+def print_driver_archive(costs: Costs, works: list[Workload]) -> None:
+    """What a `local...` master still does: the driver gzips every log (its fitted phase)."""
+    fit = costs.driver.get("archive")
+    if fit is None:
+        return
+    print(
+        f"\nthe archive on the driver (local masters: {fit.fixed * 1e3:.1f} ms + {fit.per_event * 1e6:.2f} µs/event "
+        f"+ {fit.per_log * 1e3:.2f} ms/log, a thread pool on the node's cores):"
+    )
+    for work in works:
+        seconds = fit.at(work.events, work.logs)
+        print(f"  {scale_model._count(work.rate)}/day: {seconds:.2f} s a pass on the driver")

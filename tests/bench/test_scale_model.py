@@ -14,6 +14,8 @@ from scale_model import (
     Costs,
     Linear,
     Workload,
+    archive_seconds,
+    delete_requests,
     fit_events,
     fit_events_logs,
     least_squares,
@@ -73,10 +75,20 @@ def test_workload_of_a_billion_events_a_day() -> None:
     assert work.splits == 48
 
 
-def costs(copy_rate: float = 0.0, destination_cores: int = 1) -> Costs:
+def costs(copy_rate: float = 0.0, destination_cores: int = 1, request_seconds: float = 0.0) -> Costs:
+    # The driver's archive (local masters): 1 µs/event; on executors: 2 µs/event a core, 4 ms a log.
     driver = {"plan": Linear(0.1, 0.0, 0.01), "archive": Linear(0.0, 1e-6)}
     return Costs(
-        driver, 40e-6, job_seconds=0.3, task_seconds=0.05, copy_rate=copy_rate, destination_cores=destination_cores
+        driver,
+        40e-6,
+        job_seconds=0.3,
+        task_seconds=0.05,
+        copy_rate=copy_rate,
+        destination_cores=destination_cores,
+        archive_core_seconds=2e-6,
+        archive_log_seconds=0.004,
+        archive_job_seconds=0.2,
+        request_seconds=request_seconds,
     )
 
 
@@ -84,12 +96,50 @@ def test_prediction_follows_the_formula() -> None:
     work = Workload(rate=1e9, period=60, nodes=16, bytes_per_event=1_100)
     p = predict(costs(), work, 16)
     events = 694_445
-    assert p.driver == pytest.approx(0.1 + 0.01 * 16 + 1e-6 * events)
+    assert p.driver == pytest.approx(0.1 + 0.01 * 16)  # a cluster's driver does not gzip
     # 48 splits, 48 tasks (≤ 4 per executor): 3 waves, the first in the job's fixed cost; the
     # events spread over 16 executors.
     assert p.stage == pytest.approx(0.3 + 2 * 0.05 + events * 40e-6 / 16)
-    assert p.total == pytest.approx(p.driver + p.stage)
+    # 16 logs, a task each, on 16 executors: one wave; each core gzips one log.
+    assert p.archive == pytest.approx(0.2 + (events * 2e-6 + 16 * 0.004) / 16)
+    assert p.total == pytest.approx(p.driver + p.stage + p.archive)
     assert p.driver_share == pytest.approx(p.driver / p.total)
+
+
+def test_archive_job_is_one_wave_of_a_task_per_core() -> None:
+    # 16 logs on 4 executors: 4 tasks of 4 logs (one wave), a quarter of the events a core.
+    assert archive_seconds(costs(), 800_000, 16, 4) == pytest.approx(0.2 + (1.6 + 0.064) / 4)
+    assert archive_seconds(costs(), 800_000, 16, 1) == pytest.approx(0.2 + 1.6 + 0.064)
+
+
+def test_a_small_pass_keeps_the_archive_on_the_driver_even_on_a_cluster() -> None:
+    # 10M a day: 6,945 events of 1,100 bytes a pass, far below 256 MiB: no second Spark job.
+    small = Workload(rate=1e7, period=60, nodes=2, bytes_per_event=1_100)
+    assert predict(costs(), small, 16).archive == 0.0
+    on_driver = predict(costs(), small, 16, archive_on_driver=True)
+    assert predict(costs(), small, 16).driver == pytest.approx(on_driver.driver)
+    big = Workload(rate=1e9, period=60, nodes=16, bytes_per_event=1_100)
+    assert predict(costs(), big, 16).archive > 0.0
+
+
+def test_archive_spreads_over_no_more_executors_than_logs() -> None:
+    work = Workload(rate=1e9, period=60, nodes=16, bytes_per_event=1_100)
+    assert predict(costs(), work, 64).archive == pytest.approx(predict(costs(), work, 16).archive)
+    assert predict(costs(), work, 16).archive < predict(costs(), work, 4).archive
+
+
+def test_a_local_master_keeps_the_archive_on_the_driver() -> None:
+    work = Workload(rate=1e9, period=60, nodes=16, bytes_per_event=1_100)
+    p = predict(costs(), work, 2, archive_on_driver=True)
+    assert p.archive == 0.0
+    assert p.driver == pytest.approx(0.1 + 0.01 * 16 + 1e-6 * 694_445)
+
+
+def test_store_deletes_are_two_bulk_requests_up_to_a_thousand_logs() -> None:
+    assert [delete_requests(n) for n in (1, 16, 1_000, 1_001)] == [2, 2, 2, 4]
+    work = Workload(rate=1e9, period=60, nodes=16, bytes_per_event=1_100)
+    slow_store = predict(costs(request_seconds=0.05), work, 16).driver
+    assert slow_store - predict(costs(), work, 16).driver == pytest.approx(2 * 0.05)  # not 32 × 0.05
 
 
 def test_executors_without_a_split_do_not_help() -> None:
@@ -119,3 +169,45 @@ def test_the_table_says_whether_a_pass_keeps_up_with_its_period() -> None:
     assert len(lines) == 2 and "NO" in lines[1]  # 694k events at 5,000 rows/s: 139 s > 60 s
     lines = prediction_table(costs(), [work], [1, 16])
     assert "NO" not in "".join(lines[1:])
+
+
+def measured(label: str, archive: str | None, archive_seconds_of: object) -> dict[str, object]:
+    """A master's measurements as bench/scale.py saves them: the archive phase as given, the
+    other phases the driver's FIXED/PER_EVENT/PER_LOG, the stage 0.3 s + 10 µs/event."""
+    passes = []
+    for events, logs in SHAPES:
+        phases = {p: FIXED + PER_EVENT * events + PER_LOG * logs for p in ("list", "plan", "load", "settle")}
+        phases["archive"] = archive_seconds_of(events, logs)  # type: ignore[operator]
+        phases["stage"] = 0.3 + 10e-6 * events
+        passes.append({"events": events, "logs": logs, "phases": phases, "cpu": 20e-6 * events, "total": 1.0})
+    out: dict[str, object] = {"label": label, "cores": 2, "passes": passes, "job_seconds": 0.25, "task_seconds": 0.08}
+    if archive is not None:
+        out["archive_on"] = archive
+    return out
+
+
+def test_the_driver_archive_is_fitted_on_local_masters_only() -> None:
+    from scale_report import model_costs, model_driver_fits
+
+    local = measured("local[2]", "driver", lambda e, n: 0.01 + 1e-6 * e + 5e-4 * n)
+    cluster = measured("standalone", "executors", lambda e, n: 0.25 + 0.4e-6 * e)  # a Spark job
+    fits = model_driver_fits([local, cluster])
+    assert fits["archive"].per_event == pytest.approx(1e-6)
+    assert fits["archive"].per_log == pytest.approx(5e-4)
+    assert fits["plan"].per_event == pytest.approx(PER_EVENT)
+    saved = {"results": [local, cluster], "floor": 200_000.0, "gzip_cpu_per_event": 1.5e-6}
+    got = model_costs(saved, 2)
+    assert got.archive_core_seconds == pytest.approx(1.5e-6)  # the gzip's CPU, not the pool's wall time
+    assert got.archive_log_seconds == pytest.approx(5e-4)
+    assert got.archive_job_seconds == pytest.approx(0.25)  # standalone's empty job
+    # local[2]'s CPU per event less the driver's per-event phases and the gzip.
+    assert got.event_core_seconds == pytest.approx(20e-6 - 4 * PER_EVENT - 1.5e-6)
+
+
+def test_runs_saved_before_the_fix_archived_on_the_driver_everywhere() -> None:
+    from scale_report import model_costs
+
+    old = [measured(label, None, lambda e, n: 0.01 + 1e-6 * e) for label in ("local[2]", "standalone")]
+    got = model_costs({"results": old, "floor": 200_000.0}, 2)
+    assert got.driver["archive"].per_event == pytest.approx(1e-6)
+    assert got.archive_core_seconds == pytest.approx(1e-6)  # no gzip figure saved: the driver's fit
