@@ -191,7 +191,13 @@ def archive_seconds(costs: Costs, events: float, logs: int, executors: int) -> f
     return costs.archive_job_seconds + spread
 
 
-def predict(costs: Costs, work: Workload, executors: int, archive_on_driver: bool = False) -> Prediction:
+def predict(
+    costs: Costs,
+    work: Workload,
+    executors: int,
+    archive_on_driver: bool = False,
+    executor_archive_bytes: float = EXECUTOR_ARCHIVE_BYTES,
+) -> Prediction:
     """The pass of `work` on `executors` executors of one core each. The events' part is the
     slower of the executors (only those with a split to read help) and the destination (one COPY
     per executor, at most one per destination core at full speed). The archive is a Spark job
@@ -204,8 +210,9 @@ def predict(costs: Costs, work: Workload, executors: int, archive_on_driver: boo
     writers = min(executors, splits, costs.destination_cores)
     destination_bound = work.events / (writers * costs.copy_rate) if costs.copy_rate > 0 else 0.0
     stage = costs.job_seconds + (waves - 1) * costs.task_seconds + max(executor_bound, destination_bound)
-    # Below EXECUTOR_ARCHIVE_BYTES a pass over `log.path` keeps the gzip on the driver (`LocalStore.archive`).
-    archive_on_driver = archive_on_driver or work.events * work.bytes_per_event < EXECUTOR_ARCHIVE_BYTES
+    # Below `executor_archive_bytes` a pass over `log.path` keeps the gzip on the driver
+    # (`LocalStore.archive`); `log.remote` archives on the executors at every size: pass 0.
+    archive_on_driver = archive_on_driver or work.events * work.bytes_per_event < executor_archive_bytes
     driver = driver_seconds(costs, work.events, work.logs, archive_on_driver)
     archive = 0.0 if archive_on_driver else archive_seconds(costs, work.events, work.logs, executors)
     return Prediction(executors, driver, stage, executor_bound, destination_bound, archive)

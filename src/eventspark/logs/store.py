@@ -317,7 +317,7 @@ class RemoteStore:
         self._remove(logfile.location + STATUS_SUFFIX)
 
     def archive(self, logs: list[LogFile], session: Any = None) -> list[str]:
-        """Executors gzip the logs into `archive/YYYY-MM-DD/` (one task per log: no data through
+        """Executors gzip the logs into `archive/YYYY-MM-DD/` (at most a task per core: no data through
         the driver), then the driver removes each log and its status. A log whose archive fails
         stays (settled: the next pass archives it) and fails the pass, as the local archive does."""
         if not logs:
