@@ -203,6 +203,7 @@ class BatchJob:
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         clock: Callable[[], float] = time.time,
         store: LogStore | None = None,
+        fence: Callable[[str], None] | None = None,
     ) -> None:
         self.config = loaded.config
         self.coordination = coordination
@@ -213,6 +214,9 @@ class BatchJob:
         self.events_dir = Path(self.config.log.path)
         self.store = store or log_store(self.config)
         """Where the logs, their status files and the archive are: `log.path` or `log.remote`."""
+        self.fence = fence
+        """With `log.remote`: called with the name of each step that changes shared state before
+        it runs; raises when the cluster's pass lock was lost (`batch.process.pass_fence`)."""
         self._staged: set[str] = set()
 
     def run(self, session: Any, logs: list[Path] | list[LogFile]) -> JobResult:
@@ -300,12 +304,14 @@ class BatchJob:
         fresh = {(name, d) for name in plan.file_tokens for d in plan.destinations if (name, d) not in plan.skip}
         fresh -= seen
         clock.lap("plan")
+        self._fenced("the Spark job")  # its direct writes commit into the tables
         collected = self._execute(session, plan, job_id) if plan.destinations else _Collected()
         stage = clock.lap("stage")
         # Users recognition's ids outlive a crash between the commits and its run (`recognition.state`).
         keep_sightings(self.events_dir, collected.sightings, set(plan.recognition))
         failed_events.park(collected.spools, fresh)
         outcomes = self._load(collected, adapters, result)
+        self._fenced("users recognition")
         self._recognize(collected, adapters)
         result.samples += settle_samples(collected.samples, outcomes)
         load = clock.lap("load")
@@ -318,6 +324,7 @@ class BatchJob:
         )
         if self.fault is not None:
             self.fault("committed")
+        self._fenced("writing the status files and failed events")
         done = self._settle(
             logs, statuses, schedule, fresh, plan, collected, outcomes, dest_errors, failed_events, result
         )
@@ -620,12 +627,14 @@ class BatchJob:
             if pair.error:
                 error = pair.error
             elif adapter.capabilities.stage == "objects":
+                self._fenced(f"the commit of {pair.dest_id}.{pair.table}")
                 error = commit_objects(adapter, pair)
             elif not pair.chunks:
                 # Every row went straight into the table (committed with its split markers), or its
                 # splits were written by an earlier pass: nothing to patch or commit.
                 error = ""
             else:
+                self._fenced(f"the commit of {pair.dest_id}.{pair.table}")
                 unmapped = UnmappedRule.of(dest.data_layout, max_columns)
                 error = load_pair(adapter, self.coordination, pair, keys, max_columns, self.fault, unmapped)
             outcomes[key] = error
@@ -681,7 +690,15 @@ class BatchJob:
     def _archive(self, session: Any, logs: list[LogFile]) -> list[Any]:
         """Settled logs to the archive, and out of incoming/ with their status (`LogStore.archive`:
         gzipped by threads on this machine, or by executors on object storage)."""
-        return self.store.archive(logs, session) if logs else []
+        if not logs:
+            return []
+        self._fenced("the archive")
+        return self.store.archive(logs, session)
+
+    def _fenced(self, step: str) -> None:
+        """Stops the pass before `step` when the cluster's pass lock was lost (`fence`)."""
+        if self.fence is not None:
+            self.fence(step)
 
     def _write_outcomes(
         self,

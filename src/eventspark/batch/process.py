@@ -4,6 +4,8 @@ A node runs one pass at a time: a thread lock inside the process and an `flock` 
 `incoming/.batch.lock` across processes (so `eventspark process` and `serve` do not load the same
 logs twice at once). With `log.remote`, the nodes sharing it run one pass at a time between
 them: the coordination lock named after the URL, taken without waiting (`remote_pass_lock`).
+The pass checks that lock before each step that changes shared state (`pass_fence`): a holder
+whose lease lapsed mid-pass stops there, and the next pass takes over.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from eventspark.batch.plan import DEFAULT_CHUNK_ROWS
 from eventspark.batch.session import get_session, release_after_pass, stop_session
 from eventspark.config import LoadedConfig
 from eventspark.config.models import Config, RemoteLogs
-from eventspark.coordination import Coordination, LockTimeout, build_coordination
+from eventspark.coordination import Coordination, LockHandle, LockLost, LockTimeout, build_coordination
 from eventspark.destinations.sql import debug_log
 from eventspark.logconfig import in_job
 from eventspark.logs.incoming import rotate_incoming_logs
@@ -65,18 +67,33 @@ def batch_lock(incoming_dir: Path) -> Iterator[None]:
 
 
 @contextmanager
-def remote_pass_lock(coordination: Coordination, remote: RemoteLogs) -> Iterator[None]:
+def remote_pass_lock(coordination: Coordination, remote: RemoteLogs) -> Iterator[Callable[[str], None]]:
     """Holds the cluster's pass lock of `remote`; PassBusy at once when another node holds it (its
-    pass loads every node's logs: this node's wait for the next round)."""
+    pass loads every node's logs: this node's wait for the next round). Yields the pass's fence
+    (`pass_fence`)."""
     name = remote_lock_name(remote)
     try:
-        with coordination.lock(name, timeout=0):
-            yield
+        with coordination.lock(name, timeout=0) as handle:
+            yield pass_fence(handle)
     except LockTimeout as exc:
         if exc.name != name:  # a table's lock, inside the pass
             raise
         holder = exc.holder or "holder unknown"
         raise PassBusy(f"another node runs the batch pass over {remote.url} ({holder})") from None
+
+
+def pass_fence(handle: LockHandle) -> Callable[[str], None]:
+    """`BatchJob`'s fence: called before each step that changes shared state (a commit, the status
+    files and failed events, the archive), it raises `LockLost` once the cluster's pass lock is no
+    longer this pass's, since another node may be running a pass over the same logs by then. What
+    is not done yet stays for the next pass (commits carry load markers: nothing loads twice)."""
+
+    def fence(step: str) -> None:
+        if handle.lost:
+            message = f"the cluster's pass lock was lost mid-pass: stopped before {step}; the next pass takes over"
+            raise LockLost(handle.name, step, message)
+
+    return fence
 
 
 def upload_local_logs(config: Config) -> None:
@@ -108,10 +125,10 @@ def run_pass(
     incoming = Path(config.log.path) / "incoming"
     remote = config.log.remote
     cluster_lock = nullcontext() if remote is None else remote_pass_lock(coordination, remote)
-    with batch_lock(incoming), cluster_lock:
+    with batch_lock(incoming), cluster_lock as fence:
         store = log_store(config)
         logs = store.rotated()
-        job = BatchJob(loaded, coordination, fault, chunk_rows, store=store)
+        job = BatchJob(loaded, coordination, fault, chunk_rows, store=store, fence=fence)
         if not logs:
             job.recover_failed()  # a pass cut short is repaired without waiting for new logs
             store.publish_failed(Path(config.log.path) / "failed")

@@ -14,6 +14,8 @@ from eventspark.coordination.base import (
     Coordination,
     CoordinationError,
     CoordinationUnavailable,
+    LockHandle,
+    LockLost,
     LockTimeout,
 )
 from eventspark.coordination.memory import MemoryCoordination
@@ -22,6 +24,8 @@ __all__ = [
     "Coordination",
     "CoordinationError",
     "CoordinationUnavailable",
+    "LockHandle",
+    "LockLost",
     "LockTimeout",
     "MemoryCoordination",
     "build_coordination",

@@ -7,6 +7,7 @@ their cached schema is stale. Each node also records a heartbeat so that the clu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
@@ -41,6 +42,40 @@ class LockTimeout(CoordinationError):
         )
 
 
+class LockLost(CoordinationError):
+    """A lock was found no longer held by this holder (its lease expired, or another node took it);
+    the holder stopped before `step`, leaving the rest for whoever holds the lock next."""
+
+    def __init__(self, name: str, step: str, message: str | None = None) -> None:
+        self.name = name
+        self.step = step
+        super().__init__(
+            message or f"lock {name!r} was lost while held (lease expired or taken over): stopped before {step}"
+        )
+
+
+class LockHandle:
+    """What `Coordination.lock` yields: whether the lock is still this holder's.
+
+    A lease can lapse while its holder goes on (a long GC pause, a partition): work that changes
+    shared state asks `check(step)` first. `confirm` answers True while the lease is this holder's
+    (None: a lock that cannot be lost, the in-process one).
+    """
+
+    def __init__(self, name: str, confirm: Callable[[], bool] | None = None) -> None:
+        self.name = name
+        self._confirm = confirm
+
+    @property
+    def lost(self) -> bool:
+        return self._confirm is not None and not self._confirm()
+
+    def check(self, step: str) -> None:
+        """Raises `LockLost` naming `step` when the lock is no longer held."""
+        if self.lost:
+            raise LockLost(self.name, step)
+
+
 @runtime_checkable
 class Coordination(Protocol):
     """Locks, table versions and node liveness, in-process or in a shared store.
@@ -49,11 +84,12 @@ class Coordination(Protocol):
     node waits for the first holder like any other contender.
     """
 
-    def lock(self, name: str, timeout: float = 30.0) -> AbstractContextManager[None]:
+    def lock(self, name: str, timeout: float = 30.0) -> AbstractContextManager[LockHandle]:
         """Hold the lock `name` (`<destination_id>_<table>`) for the duration of a `with` block.
 
         While held, its lease is renewed in the background; if the holder dies the lease expires
         and another node can take it. Waits up to `timeout` seconds, then raises `LockTimeout`.
+        Yields a `LockHandle`: a holder whose lease lapsed finds out through it (`check`).
         """
         ...
 

@@ -25,6 +25,7 @@ from eventspark.coordination.base import (
     DEFAULT_LEASE_SECONDS,
     CoordinationError,
     CoordinationUnavailable,
+    LockHandle,
     holder_of,
     holder_value,
 )
@@ -60,16 +61,16 @@ class EtcdCoordination:
         self._node_guard = threading.Lock()
 
     @contextmanager
-    def lock(self, name: str, timeout: float = 30.0) -> Iterator[None]:
+    def lock(self, name: str, timeout: float = 30.0) -> Iterator[LockHandle]:
         key = self._key("lock/", name)
         with self._translated("granting a lock lease"):
             lease = self._client.lease(self._lease_ttl)
         value = holder_value(self.node_name, format(lease.id, "x")).encode()
         # Kept alive from the start, so that a long wait does not let the lease expire before use.
         try:
-            with LeaseRenewer(lambda: self._keepalive(lease), self._lease_ttl / 3, f"lock {name!r}"):
+            with LeaseRenewer(lambda: self._keepalive(lease), self._lease_ttl / 3, f"lock {name!r}") as renewer:
                 wait_for_lock(name, timeout, lambda: self._try_lock(key, value, lease))
-                yield
+                yield LockHandle(name, renewer.confirm)
         finally:
             self._revoke(lease, f"lock {name!r}")
 

@@ -56,7 +56,9 @@ class LeaseRenewer:
 
     `renew` returns False when the lease is gone (expired, or taken over): renewal then stops and
     `lost` becomes True. A `CoordinationError` from `renew` is logged and retried at the next tick,
-    since the lease may still be alive for a while.
+    since the lease may still be alive for a while. `confirm()` tells the holder whether the lease
+    is still its own (`LockHandle`). Build it right after the lease was granted or the lock taken:
+    that moment counts as the first confirmation.
     """
 
     def __init__(self, renew: Callable[[], bool], interval: float, description: str) -> None:
@@ -64,6 +66,8 @@ class LeaseRenewer:
         self._interval = interval
         self._description = description
         self._stopped = threading.Event()
+        self._renewing = threading.Lock()  # the thread and `confirm` never renew at once
+        self._confirmed_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"lease-{description}", daemon=True)
         self.lost = False
 
@@ -82,14 +86,43 @@ class LeaseRenewer:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    def confirm(self) -> bool:
+        """True while the lease is this holder's.
+
+        A renewal younger than one interval is trusted (the lease had two thirds of its time left
+        then), so a caller faster than the renewer costs nothing. An older one is not: a process
+        paused longer than the lease (GC, swap, a stopped VM) resumes with its renewer, and the
+        caller may run before the renewer's next tick. The lease is then renewed now; a store that
+        cannot be reached cannot confirm it (False, not `lost`: the renewer keeps trying)."""
+        if self.lost:
+            return False
+        if time.monotonic() - self._confirmed_at < self._interval:
+            return True
+        try:
+            return self._renew_now()
+        except CoordinationError as exc:
+            logger.warning("could not confirm the lease of %s: %s", self._description, exc)
+            return False
+
+    def _renew_now(self) -> bool:
+        """One renewal; False (and `lost`) when the lease is gone. Raises `CoordinationError`."""
+        with self._renewing:
+            if self.lost:
+                return False
+            started = time.monotonic()  # the renewed lease runs from before the request at the latest
+            if self._renew():
+                self._confirmed_at = started
+                return True
+            self.lost = True
+        logger.error("the lease of %s expired while held: another node may have taken it", self._description)
+        return False
+
     def _run(self) -> None:
         while not self._stopped.wait(self._interval):
             try:
-                alive = self._renew()
+                alive = self._renew_now()
             except CoordinationError as exc:
                 logger.warning("could not renew the lease of %s, retrying: %s", self._description, exc)
                 continue
             if not alive:
-                self.lost = True
-                logger.error("the lease of %s expired while held: another node may have taken it", self._description)
                 return

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from eventspark.coordination.base import DEFAULT_HEARTBEAT_TTL, LockTimeout
+from eventspark.coordination.base import DEFAULT_HEARTBEAT_TTL, LockHandle, LockTimeout
 
 
 class MemoryCoordination:
@@ -23,7 +23,8 @@ class MemoryCoordination:
         self._last_beat: float | None = None
 
     @contextmanager
-    def lock(self, name: str, timeout: float = 30.0) -> Iterator[None]:
+    def lock(self, name: str, timeout: float = 30.0) -> Iterator[LockHandle]:
+        # No lease: held until released, never lost (`LockHandle` without a check).
         with self._guard:
             lock = self._locks.setdefault(name, threading.Lock())
         started = time.monotonic()
@@ -31,7 +32,7 @@ class MemoryCoordination:
             raise LockTimeout(name, self._holders.get(name), time.monotonic() - started)
         self._holders[name] = f"{self.node_name} (thread {threading.current_thread().name})"
         try:
-            yield
+            yield LockHandle(name)
         finally:
             self._holders.pop(name, None)
             lock.release()

@@ -21,6 +21,7 @@ from eventspark.coordination.base import (
     DEFAULT_LEASE_SECONDS,
     CoordinationError,
     CoordinationUnavailable,
+    LockHandle,
     holder_of,
     holder_value,
 )
@@ -77,13 +78,13 @@ class RedisCoordination:
         self._delete_script = self._client.register_script(DELETE_IF_OWNER)
 
     @contextmanager
-    def lock(self, name: str, timeout: float = 30.0) -> Iterator[None]:
+    def lock(self, name: str, timeout: float = 30.0) -> Iterator[LockHandle]:
         key = f"{self._prefix}lock:{name}"
         value = holder_value(self.node_name, secrets.token_hex(16))
         wait_for_lock(name, timeout, lambda: self._try_lock(key, value))
         try:
-            with LeaseRenewer(lambda: self._renew(key, value), self._lease_ms / 3000, f"lock {name!r}"):
-                yield
+            with LeaseRenewer(lambda: self._renew(key, value), self._lease_ms / 3000, f"lock {name!r}") as renewer:
+                yield LockHandle(name, renewer.confirm)
         finally:
             self._release(key, value)
 
