@@ -31,6 +31,7 @@ from eventspark.logs.failed import (
     settle_recovered,
 )
 from eventspark.logs.status import LogStatus, processed, read_status
+from eventspark.logs.store import ParkClaims
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class FailedEvents:
         events_dir: Path,
         fault: Fault | None = None,
         status_of: Callable[[str], LogStatus | None] | None = None,
+        claims: ParkClaims | None = None,
     ) -> None:
         self.events_dir = events_dir
         self.failed_dir = events_dir / "failed"
@@ -51,6 +53,8 @@ class FailedEvents:
         self.status_of = status_of or self._local_status
         """Log name → its status, None when the log is gone (`LogStore.status_of`: the logs may be
         on object storage, while failed/ stays on this node)."""
+        self.claims = claims
+        """With `log.remote`: the store's claims of this node's parked groups (`ParkClaims`)."""
         self.parked: list[ParkedSpools] = []
         """The groups this job parked (`park`)."""
         self._left: defaultdict[str, list[ParkedSpools]] | None = None
@@ -68,7 +72,7 @@ class FailedEvents:
         left = _by_destination(parked_spools(self.failed_dir))
         for dest_id in dest_ids:
             if left[dest_id]:
-                settle_recovered(self.failed_dir, dest_id, left[dest_id], lambda g: True if self._settled(g) else None)
+                self._settle_left(dest_id, left[dest_id], lambda g: True if self._settled(g) else None)
 
     def recover_parked(self, adapter: DestinationAdapter, dest_id: str) -> None:
         """The groups a crashed pass parked for a destination this job reaches: appended when their
@@ -82,7 +86,7 @@ class FailedEvents:
         def settled(group: ParkedSpools) -> bool:
             return (group.log, group.table) in committed or self._settled(group)
 
-        done, dropped = settle_recovered(self.failed_dir, dest_id, groups, settled)
+        done, dropped = self._settle_left(dest_id, groups, settled)
         log.info("destination %s: parked failed-event groups: %d appended, %d dropped", dest_id, done, dropped)
 
     def settle_unreachable(self, dest_id: str, giving_up: Collection[str]) -> None:
@@ -96,16 +100,43 @@ class FailedEvents:
                 return True
             return False if group.log in giving_up else None
 
-        settle_recovered(self.failed_dir, dest_id, self._take_left(dest_id), settled)
+        self._settle_left(dest_id, self._take_left(dest_id), settled)
+
+    def _settle_left(
+        self, dest_id: str, groups: list[ParkedSpools], settled: Callable[[ParkedSpools], bool | None]
+    ) -> tuple[int, int]:
+        """`settle_recovered`, but a claimed group whose claim another node's pass removed is dropped
+        (that pass spooled the same events again: `ParkClaims`); the claims of the groups appended
+        or dropped are released."""
+        claims = self.claims
+        if claims is None:
+            return settle_recovered(self.failed_dir, dest_id, groups, settled)
+        decided: list[ParkedSpools] = []
+
+        def deciding(group: ParkedSpools) -> bool | None:
+            outcome = False if group.claimed and not claims.held(group) else settled(group)
+            if outcome is not None:
+                decided.append(group)
+            return outcome
+
+        counts = settle_recovered(self.failed_dir, dest_id, groups, deciding)
+        claims.release(decided)
+        return counts
 
     def park(self, spools: dict[tuple[str, str, str], list[Path]], fresh: set[tuple[str, str]]) -> None:
         """Parks the failed events the job may append, before any commit: the spools of every table,
         and the template failures and unreadable lines of the (log, destination) pairs processed for
         the first time (`fresh`: they are written once per log and destination). The other spools
         stay in the job's staging folder, removed with it."""
+        claimed = self.claims is not None
         for (name, dest_id, table), found in sorted(spools.items()):
             if table != NO_TABLE or (name, dest_id) in fresh:
-                self.parked.append(park_spools(self.failed_dir, name, dest_id, table, found))
+                self.parked.append(park_spools(self.failed_dir, name, dest_id, table, found, claimed))
+        if self.claims is not None and self.parked:
+            # Before any commit: these groups are this node's (claimed), and supersede what another
+            # node parked for the same pairs before it died (this pass spooled those events again).
+            self.claims.claim(self.parked)
+            self.claims.supersede(self.parked)
 
     @contextlib.contextmanager
     def append_settled(self, updates: dict[str, LogStatus]) -> Iterator[None]:
@@ -124,6 +155,8 @@ class FailedEvents:
                 self.fault("failed appended")
             yield
             finish_appends(self.failed_dir, journals, appended)
+            if self.claims is not None:
+                self.claims.release(appended)
 
     def _settled_groups(self, updates: dict[str, LogStatus]) -> dict[str, list[ParkedSpools]]:
         """The groups parked by this job whose pair `updates` settles, by destination (the others

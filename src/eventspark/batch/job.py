@@ -299,7 +299,7 @@ class BatchJob:
         # written this pass (decided before load markers repair the statuses after a crash).
         seen = {(name, d) for name, status in statuses.items() for d in status if processed(status, d)}
         dest_errors: dict[str, str] = {}
-        failed_events = FailedEvents(self.events_dir, self.fault, self.store.status_of)
+        failed_events = FailedEvents(self.events_dir, self.fault, self.store.status_of, self.store.park_claims())
         plan = self._plan(job_id, logs, statuses, schedule, adapters, dest_errors, failed_events, only)
         fresh = {(name, d) for name in plan.file_tokens for d in plan.destinations if (name, d) not in plan.skip}
         fresh -= seen
@@ -406,7 +406,8 @@ class BatchJob:
         """What a pass cut short left in `failed/` is recovered before this pass appends anything
         (`FailedEvents.recover`). Also run by a pass with no log to read (`batch.process.run_pass`):
         no Spark, no connection."""
-        FailedEvents(self.events_dir, self.fault, self.store.status_of).recover(list(self._batch_destinations()))
+        failed_events = FailedEvents(self.events_dir, self.fault, self.store.status_of, self.store.park_claims())
+        failed_events.recover(list(self._batch_destinations()))
 
     def _plan(
         self,

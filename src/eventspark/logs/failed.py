@@ -100,9 +100,18 @@ class ParkedSpools:
     dest_id: str
     table: str
     spools: tuple[Path, ...]
+    claimed: bool = False
+    """Parked with a claim on `log.remote`'s store (`logs.store.ParkClaims`): appended only while
+    the claim is there (another node's pass that spooled the same pair again removes it)."""
+
+    @property
+    def group_id(self) -> str:
+        return self.manifest.parent.name
 
 
-def park_spools(failed_dir: Path, log_name: str, dest_id: str, table: str, spools: list[Path]) -> ParkedSpools:
+def park_spools(
+    failed_dir: Path, log_name: str, dest_id: str, table: str, spools: list[Path], claimed: bool = False
+) -> ParkedSpools:
     """Moves the spools under `failed/pending/` with a manifest naming their pair (module docstring)."""
     folder = failed_dir / PENDING_DIR / uuid.uuid4().hex
     folder.mkdir(parents=True)
@@ -117,9 +126,9 @@ def park_spools(failed_dir: Path, log_name: str, dest_id: str, table: str, spool
     # shutil.move renames, or copies when the staging folder is on another file system.
     moved = tuple(Path(shutil.move(spool, folder / f"{index}.log")) for index, spool in enumerate(found))
     manifest = folder / "manifest.json"
-    record = {"log": log_name, "dest": dest_id, "table": table, "spools": [p.name for p in moved]}
+    record = {"log": log_name, "dest": dest_id, "table": table, "spools": [p.name for p in moved], "claimed": claimed}
     replace_file(manifest, orjson.dumps(record))
-    return ParkedSpools(manifest, log_name, dest_id, table, moved)
+    return ParkedSpools(manifest, log_name, dest_id, table, moved, claimed)
 
 
 def parked_spools(failed_dir: Path) -> list[ParkedSpools]:
@@ -135,7 +144,10 @@ def parked_spools(failed_dir: Path) -> list[ParkedSpools]:
             shutil.rmtree(folder, ignore_errors=True)  # its spools came from a pass that never committed
             continue
         spools = tuple(folder / name for name in record["spools"])
-        found.append(ParkedSpools(folder / "manifest.json", record["log"], record["dest"], record["table"], spools))
+        claimed = record.get("claimed") is True
+        found.append(
+            ParkedSpools(folder / "manifest.json", record["log"], record["dest"], record["table"], spools, claimed)
+        )
     return found
 
 

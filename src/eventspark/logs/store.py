@@ -220,6 +220,10 @@ class LocalStore:
                 log.error("archiving %s failed: %s", path.name, future.exception())
         return [future.result() for future in futures]  # the first failure ends the pass
 
+    def park_claims(self) -> ParkClaims | None:
+        """One node reads its logs: its parked groups need no claims."""
+        return None
+
     def spool_target(self, job_id: str) -> str | None:
         """Where executors upload their spools of failed events: nowhere, they stay local."""
         return None
@@ -346,6 +350,10 @@ class RemoteStore:
             for location in locations:
                 self._remove(location)
 
+    def park_claims(self) -> ParkClaims:
+        """Claims of this node's parked failed-event groups (`ParkClaims`)."""
+        return ParkClaims(self.fs, self.root, self.node)
+
     def spool_target(self, job_id: str) -> str | None:
         """Where executors upload their spools of failed events (their disks are not the driver's)."""
         return f"{self.root}/staging/{job_id}/failed"
@@ -391,6 +399,82 @@ class RemoteStore:
     def _remove(self, location: str, recursive: bool = False) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(location, recursive=recursive)
+
+
+class ParkClaims:
+    """Claims on the store of the failed-event groups this node parked (`logs.failed`), so that
+    failed events are appended once across nodes.
+
+    A node's parked groups stay on its own disk. When it dies before committing their pairs, the
+    next pass (maybe another node's) reads the logs again and spools the same failed events; the
+    dead node, back, would find the pairs settled and append its parked copy too. So a group parked
+    with `log.remote` is claimed here before any commit (one empty object,
+    `staging/claims/<log>/<destination>/t=<table>/<node>@<group>`), and a pass that parks a group
+    of the same pair removes the other nodes' claims: its own copy supersedes theirs. A claimed
+    group whose claim is gone is dropped, never appended (`FailedEvents`). Passes run one at a time
+    (the cluster's pass lock), so claims never race. A claim left behind (a crash between a
+    group's removal and its release) is removed by the next pass that parks its pair."""
+
+    def __init__(self, fs: Any, root: str, node: str) -> None:
+        self.fs = fs
+        self.folder = f"{root}/staging/claims"
+        self.node = node  # a key segment already (`_key_segment`): no `@`
+        self._held: set[str] | None = None
+
+    def claim(self, groups: list[Any]) -> None:
+        """Claims `groups` (`ParkedSpools`), in one concurrent batch of puts."""
+        keys = {self._key(group, self.node): b"" for group in groups}
+        if not atomic_puts(self.fs):  # a filesystem's (`file://`) folders must exist
+            for key in keys:
+                self.fs.makedirs(key.rpartition("/")[0], exist_ok=True)
+        if keys:
+            self.fs.pipe(keys)
+
+    def supersede(self, groups: list[Any]) -> None:
+        """Removes the other nodes' claims on the pairs of `groups`: one listing, one bulk delete."""
+        pairs = {self._pair(group) for group in groups}
+        others = [key for key in self._listing() if key.rpartition("/")[0] in pairs and not self._own(key)]
+        if others:
+            log.info("log.remote: %d failed-event group(s) parked by other nodes superseded", len(others))
+            _remove_keys(self.fs, others)
+
+    def held(self, group: Any) -> bool:
+        """Whether `group`'s claim is still there (listed once per instance: one pass)."""
+        if self._held is None:
+            self._held = {key.rpartition("@")[2] for key in self._listing() if self._own(key)}
+        return group.group_id in self._held
+
+    def release(self, groups: list[Any]) -> None:
+        """Removes the claims of groups appended or dropped."""
+        if groups:
+            _remove_keys(self.fs, [self._key(group, self.node) for group in groups])
+
+    def _listing(self) -> list[str]:
+        self.fs.invalidate_cache(self.folder)
+        try:
+            return [_strip(key) for key in self.fs.find(self.folder)]
+        except FileNotFoundError:
+            return []
+
+    def _own(self, key: str) -> bool:
+        return key.rpartition("/")[2].startswith(f"{self.node}@")
+
+    def _pair(self, group: Any) -> str:
+        segments = (_key_segment(group.log), _key_segment(group.dest_id), "t=" + quote(group.table, safe=""))
+        return "/".join((self.folder, *segments))
+
+    def _key(self, group: Any, node: str) -> str:
+        return f"{self._pair(group)}/{node}@{group.group_id}"
+
+
+def _remove_keys(fs: Any, keys: list[str]) -> None:
+    """Bulk delete; a filesystem (`file://`) that stops at a missing key goes on one by one."""
+    try:
+        fs.rm(keys)
+    except FileNotFoundError:
+        for key in keys:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(key)
 
 
 LogStore = LocalStore | RemoteStore

@@ -1,0 +1,104 @@
+"""Failed events exactly once across nodes with `log.remote` (`logs.store.ParkClaims`): a node
+whose pass died after parking its failed events, and another node's pass that loaded the same log
+meanwhile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventspark.logs.remote import remote_filesystem
+from tests.batch.helpers import event, failed_lines, pg_rows, postgres_destination
+from tests.batch.test_remote_pass import incoming_names, put_remote, remote, remote_config, run
+
+__all__ = ["remote"]  # the fixture, used by name
+
+pytestmark = pytest.mark.spark
+
+
+def crash_at(point: str) -> Any:
+    def crash(at: str) -> None:
+        if at == point:
+            raise SystemExit(f"crash at {at}")
+
+    return crash
+
+
+def nodes(tmp_path: Path, remote: dict[str, Any], pg: dict[str, Any]) -> tuple[Any, Any]:
+    """Two nodes of one cluster: their own log.path, the same store and Postgres schema."""
+    destinations = {"pg": postgres_destination(pg, "t")}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    return (
+        remote_config(tmp_path / "a", remote, destinations, node="node-a"),
+        remote_config(tmp_path / "b", remote, destinations, node="node-b"),
+    )
+
+
+def claims_left(loaded: Any) -> list[str]:
+    fs, root = remote_filesystem(loaded.config.log.remote)
+    fs.invalidate_cache()
+    return fs.find(f"{root}/staging/claims")
+
+
+def pending(root: Path) -> list[Path]:
+    folder = root / "events" / "failed" / "pending"
+    return list(folder.iterdir()) if folder.is_dir() else []
+
+
+@pytest.mark.parametrize(
+    ("column", "point", "b_copy"),
+    [
+        # A new column: rows staged, A dies before its commit; B loads them and spools the misfit again.
+        (True, "staged", True),
+        # A new column: A commits (a load marker), then dies; B finds the pair settled: A's copy.
+        (True, "committed", False),
+        # Rows that fit: executors write splits directly (split markers); A dies before its
+        # statuses; B's pass spools the misfit again for the unsettled pair: B's copy.
+        (False, "committed", True),
+    ],
+)
+def test_a_node_back_after_another_loaded_its_log_appends_no_failed_event_twice(
+    spark: Any,
+    tmp_path: Path,
+    remote: dict[str, Any],
+    pg_datasource: dict[str, Any],
+    column: bool,
+    point: str,
+    b_copy: bool,
+) -> None:
+    a, b = nodes(tmp_path, remote, pg_datasource)
+    put_remote(a, [event("0", n=0)])
+    assert run(spark, a).ok  # t.n is a bigint now
+    extra = {"added": "x"} if column else {}
+    name = put_remote(a, [event("1", n=1, **extra), event("2", n="not a number"), event("3", n=3)])
+    with pytest.raises(SystemExit):  # node A parks the misfit, then dies
+        run(spark, a, fault=crash_at(point))
+    assert pending(tmp_path / "a") and name in incoming_names(a)
+
+    assert run(spark, b).ok  # node B's pass, while A is down
+    assert run(spark, a).ok  # A is back: its recovery runs first
+
+    rows = pg_rows(pg_datasource["schema"], "SELECT eventn_ctx_event_id FROM t ORDER BY 1")
+    assert rows == [("0",), ("1",), ("3",)]
+    misfits = failed_lines(tmp_path / "a", "pg") + failed_lines(tmp_path / "b", "pg")
+    assert [m["event_id"] for m in misfits] == ["2"]
+    assert (failed_lines(tmp_path / "b", "pg") != []) == b_copy
+    assert not pending(tmp_path / "a") and not pending(tmp_path / "b")
+    assert incoming_names(a) == [] and claims_left(a) == []
+
+
+def test_a_claim_is_released_when_its_group_is_appended(
+    spark: Any, tmp_path: Path, remote: dict[str, Any], pg_datasource: dict[str, Any]
+) -> None:
+    a, _b = nodes(tmp_path, remote, pg_datasource)
+    put_remote(a, [event("0", n=0)])
+    assert run(spark, a).ok
+    put_remote(a, [event("1", n=1), event("2", n="not a number")])
+
+    assert run(spark, a).ok
+
+    assert [m["event_id"] for m in failed_lines(tmp_path / "a", "pg")] == ["2"]
+    assert claims_left(a) == [] and not pending(tmp_path / "a")
