@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from eventspark.logs.remote import remote_filesystem
-from tests.batch.helpers import event, failed_lines, pg_rows, postgres_destination
+from tests.batch.helpers import event, failed_lines, pg_conninfo, pg_rows, postgres_destination
 from tests.batch.test_remote_pass import incoming_names, put_remote, remote, remote_config, run
 
 __all__ = ["remote"]  # the fixture, used by name
@@ -40,7 +41,7 @@ def nodes(tmp_path: Path, remote: dict[str, Any], pg: dict[str, Any]) -> tuple[A
 def claims_left(loaded: Any) -> list[str]:
     fs, root = remote_filesystem(loaded.config.log.remote)
     fs.invalidate_cache()
-    return fs.find(f"{root}/staging/claims")
+    return fs.find(f"{root}/claims")
 
 
 def pending(root: Path) -> list[Path]:
@@ -101,4 +102,48 @@ def test_a_claim_is_released_when_its_group_is_appended(
     assert run(spark, a).ok
 
     assert [m["event_id"] for m in failed_lines(tmp_path / "a", "pg")] == ["2"]
+    assert claims_left(a) == [] and not pending(tmp_path / "a")
+
+
+def test_a_node_back_under_another_name_still_appends_its_committed_pairs_failed_events(
+    spark: Any, tmp_path: Path, remote: dict[str, Any], pg_datasource: dict[str, Any]
+) -> None:
+    # A pod restarted with a new host name keeps its disk: its claims are found by their groups.
+    a, b = nodes(tmp_path, remote, pg_datasource)
+    put_remote(a, [event("0", n=0)])
+    assert run(spark, a).ok
+    put_remote(a, [event("1", n=1, added="x"), event("2", n="not a number")])
+    with pytest.raises(SystemExit):  # committed, then died: only A's parked copy knows the misfit
+        run(spark, a, fault=crash_at("committed"))
+    assert run(spark, b).ok
+    renamed = remote_config(tmp_path / "a", remote, {"pg": postgres_destination(pg_datasource, "t")}, node="node-a2")
+
+    assert run(spark, renamed).ok
+
+    assert [m["event_id"] for m in failed_lines(tmp_path / "a", "pg")] == ["2"]
+    assert failed_lines(tmp_path / "b", "pg") == [] and claims_left(a) == []
+
+
+def test_a_rerun_without_failures_supersedes_the_claims_of_a_pass_cut_short(
+    spark: Any, tmp_path: Path, remote: dict[str, Any], pg_datasource: dict[str, Any]
+) -> None:
+    # A's pass parks a misfit and dies before its commit; the column is widened meanwhile (by hand,
+    # as another config's pass may), so B loads every event and has no failure to park: its
+    # outcome still supersedes A's claim, or A, back, would append an event that is in the table.
+    a, b = nodes(tmp_path, remote, pg_datasource)
+    put_remote(a, [event("0", n=0)])
+    assert run(spark, a).ok
+    put_remote(a, [event("1", n=1, added="x"), event("2", n="not a number")])
+    with pytest.raises(SystemExit):
+        run(spark, a, fault=crash_at("staged"))
+    schema = pg_datasource["schema"]
+    with psycopg.connect(pg_conninfo(), autocommit=True) as conn:
+        conn.execute(f'ALTER TABLE "{schema}"."t" ALTER COLUMN n TYPE text')
+
+    assert run(spark, b).ok  # every event fits now: no failure, nothing parked, A's claim superseded
+    assert run(spark, a).ok
+
+    rows = pg_rows(schema, "SELECT eventn_ctx_event_id FROM t ORDER BY 1")
+    assert rows == [("0",), ("1",), ("2",)]
+    assert failed_lines(tmp_path / "a", "pg") == [] and failed_lines(tmp_path / "b", "pg") == []
     assert claims_left(a) == [] and not pending(tmp_path / "a")

@@ -123,20 +123,29 @@ class FailedEvents:
         claims.release(decided)
         return counts
 
-    def park(self, spools: dict[tuple[str, str, str], list[Path]], fresh: set[tuple[str, str]]) -> None:
+    def park(
+        self,
+        spools: dict[tuple[str, str, str], list[Path]],
+        fresh: set[tuple[str, str]],
+        decided: Collection[tuple[str, str, str]] = (),
+    ) -> None:
         """Parks the failed events the job may append, before any commit: the spools of every table,
         and the template failures and unreadable lines of the (log, destination) pairs processed for
         the first time (`fresh`: they are written once per log and destination). The other spools
-        stay in the job's staging folder, removed with it."""
+        stay in the job's staging folder, removed with it.
+
+        With `log.remote` the groups are claimed on the store, and every other claim on a pair this
+        job decided again (`decided`: the (log, destination, table) its tasks counted, and the
+        template failures of `fresh` pairs) is removed: those claims are of passes cut short, whose
+        groups this job's outcome supersedes (`ParkClaims`)."""
         claimed = self.claims is not None
         for (name, dest_id, table), found in sorted(spools.items()):
             if table != NO_TABLE or (name, dest_id) in fresh:
                 self.parked.append(park_spools(self.failed_dir, name, dest_id, table, found, claimed))
-        if self.claims is not None and self.parked:
-            # Before any commit: these groups are this node's (claimed), and supersede what another
-            # node parked for the same pairs before it died (this pass spooled those events again).
+        if self.claims is not None:
+            pairs = {(g.log, g.dest_id, g.table) for g in self.parked} | set(decided)
             self.claims.claim(self.parked)
-            self.claims.supersede(self.parked)
+            self.claims.supersede(pairs, keep=self.parked)
 
     @contextlib.contextmanager
     def append_settled(self, updates: dict[str, LogStatus]) -> Iterator[None]:

@@ -309,7 +309,8 @@ class BatchJob:
         stage = clock.lap("stage")
         # Users recognition's ids outlive a crash between the commits and its run (`recognition.state`).
         keep_sightings(self.events_dir, collected.sightings, set(plan.recognition))
-        failed_events.park(collected.spools, fresh)
+        self._fenced("parking failed events")  # claims on the store (`ParkClaims`)
+        failed_events.park(collected.spools, fresh, set(collected.counts))
         outcomes = self._load(collected, adapters, result)
         self._fenced("users recognition")
         self._recognize(collected, adapters)

@@ -409,45 +409,63 @@ class ParkClaims:
     next pass (maybe another node's) reads the logs again and spools the same failed events; the
     dead node, back, would find the pairs settled and append its parked copy too. So a group parked
     with `log.remote` is claimed here before any commit (one empty object,
-    `staging/claims/<log>/<destination>/t=<table>/<node>@<group>`), and a pass that parks a group
-    of the same pair removes the other nodes' claims: its own copy supersedes theirs. A claimed
-    group whose claim is gone is dropped, never appended (`FailedEvents`). Passes run one at a time
-    (the cluster's pass lock), so claims never race. A claim left behind (a crash between a
-    group's removal and its release) is removed by the next pass that parks its pair."""
+    `claims/<log>/<destination>/t=<table>/<node>@<group>`; group ids are uuid4s, so a claim is
+    found by its group whatever the node is called now), and a pass that decides a pair again (it
+    read its events: failed ones spooled again, or none failing this time) removes every other
+    claim on it: its outcome supersedes theirs. A claimed group whose claim is gone is dropped,
+    never appended (`FailedEvents`). A pair another node committed is not decided again (it is
+    done), so its claim stays and its node appends its copy, the only one. Passes run one at a
+    time (the cluster's pass lock, fenced), so claims do not race. A claim left behind (a crash
+    between a group's removal and its release) is removed by the next pass deciding its pair."""
 
     def __init__(self, fs: Any, root: str, node: str) -> None:
         self.fs = fs
-        self.folder = f"{root}/staging/claims"
+        self.folder = f"{root}/claims"
         self.node = node  # a key segment already (`_key_segment`): no `@`
         self._held: set[str] | None = None
 
     def claim(self, groups: list[Any]) -> None:
         """Claims `groups` (`ParkedSpools`), in one concurrent batch of puts."""
-        keys = {self._key(group, self.node): b"" for group in groups}
+        keys = {
+            f"{self._pair(group.log, group.dest_id, group.table)}/{self.node}@{group.group_id}": b"" for group in groups
+        }
         if not atomic_puts(self.fs):  # a filesystem's (`file://`) folders must exist
             for key in keys:
                 self.fs.makedirs(key.rpartition("/")[0], exist_ok=True)
         if keys:
             self.fs.pipe(keys)
 
-    def supersede(self, groups: list[Any]) -> None:
-        """Removes the other nodes' claims on the pairs of `groups`: one listing, one bulk delete."""
-        pairs = {self._pair(group) for group in groups}
-        others = [key for key in self._listing() if key.rpartition("/")[0] in pairs and not self._own(key)]
+    def supersede(self, pairs: Iterable[tuple[str, str, str]], keep: list[Any]) -> None:
+        """Removes every claim on `pairs` (log, destination, table) but those of the groups `keep`
+        (this pass's): one listing, one bulk delete."""
+        folders = {self._pair(*pair) for pair in pairs}
+        kept = {group.group_id for group in keep}
+        others = [
+            key for key in self._listing() if key.rpartition("/")[0] in folders and key.rpartition("@")[2] not in kept
+        ]
         if others:
-            log.info("log.remote: %d failed-event group(s) parked by other nodes superseded", len(others))
+            log.info("log.remote: %d failed-event group(s) parked by passes cut short superseded", len(others))
             _remove_keys(self.fs, others)
 
     def held(self, group: Any) -> bool:
         """Whether `group`'s claim is still there (listed once per instance: one pass)."""
         if self._held is None:
-            self._held = {key.rpartition("@")[2] for key in self._listing() if self._own(key)}
+            # By group id alone: a node back under another name (a pod's new host name) finds its claims.
+            self._held = {key.rpartition("@")[2] for key in self._listing()}
         return group.group_id in self._held
 
     def release(self, groups: list[Any]) -> None:
-        """Removes the claims of groups appended or dropped."""
-        if groups:
-            _remove_keys(self.fs, [self._key(group, self.node) for group in groups])
+        """Removes the claims of groups appended or dropped. A failure is logged, not raised: the
+        groups' outcome is durable already, and a claim left behind only waits to be superseded."""
+        if not groups:
+            return
+        ids = {group.group_id for group in groups}
+        try:
+            keys = [key for key in self._listing() if key.rpartition("@")[2] in ids]
+            if keys:
+                _remove_keys(self.fs, keys)
+        except Exception as exc:
+            log.warning("log.remote: claims of %d failed-event group(s) not released: %s", len(ids), exc)
 
     def _listing(self) -> list[str]:
         self.fs.invalidate_cache(self.folder)
@@ -456,15 +474,9 @@ class ParkClaims:
         except FileNotFoundError:
             return []
 
-    def _own(self, key: str) -> bool:
-        return key.rpartition("/")[2].startswith(f"{self.node}@")
-
-    def _pair(self, group: Any) -> str:
-        segments = (_key_segment(group.log), _key_segment(group.dest_id), "t=" + quote(group.table, safe=""))
+    def _pair(self, log_name: str, dest_id: str, table: str) -> str:
+        segments = (_key_segment(log_name), _key_segment(dest_id), "t=" + quote(table, safe=""))
         return "/".join((self.folder, *segments))
-
-    def _key(self, group: Any, node: str) -> str:
-        return f"{self._pair(group)}/{node}@{group.group_id}"
 
 
 def _remove_keys(fs: Any, keys: list[str]) -> None:
