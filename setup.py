@@ -7,7 +7,7 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-MODULES = ["flatten", "rows", "copytext"]
+MODULES = ["flatten", "rows", "copytext", "arenas"]
 
 
 class OptionalBuildExt(build_ext):

@@ -1,4 +1,5 @@
-"""keep_freed_memory: a worker reuses freed chunk memory instead of faulting it in again."""
+"""keep_freed_memory: a worker reuses freed chunk memory (malloc's and pymalloc's arenas) instead of
+faulting it in again."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import subprocess
 import sys
 
 import pytest
+
+from tests.compiled import compiled
 
 PROBE = """
 import resource, sys
@@ -33,3 +36,54 @@ def _second_chunk_faults(mode: str) -> int:
 def test_a_second_chunk_reuses_the_memory_of_the_first() -> None:
     assert _second_chunk_faults("default") > 10_000  # ~22k pages faulted in again
     assert _second_chunk_faults("keep") < 1_000
+
+
+ARENAS_PROBE = """
+import resource, sys
+from eventspark.speedups import _arenas
+capacity = int(sys.argv[1])
+if capacity:
+    assert _arenas.install(capacity)
+    assert not _arenas.install(capacity)  # once per process
+faults = []
+for _round in range(3):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    rows = [[str(i) * 4, float(i), {"k": str(i)}] for i in range(200_000)]  # small objects: pymalloc
+    assert sum(len(row[0]) for row in rows) > 0
+    del rows
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+stats = _arenas.stats() if capacity else {}
+print(faults[-1], stats.get("kept", 0), stats.get("reused", 0), stats.get("returned", 0))
+"""
+
+
+def _arenas_run(capacity: int) -> list[int]:
+    compiled("arenas")  # fails, not skips, when the module is not built
+    done = subprocess.run(
+        [sys.executable, "-c", ARENAS_PROBE, str(capacity)], capture_output=True, text=True, check=True
+    )
+    return [int(word) for word in done.stdout.split()]
+
+
+def test_freed_pymalloc_arenas_are_kept_for_the_next_split() -> None:
+    faults, *_ = _arenas_run(0)
+    assert faults > 5_000  # pymalloc unmaps emptied arenas: the next round faults its pages in again
+    faults, kept, reused, returned = _arenas_run(256)
+    assert faults < 1_000 and reused > 50 and kept > 0 and returned == 0
+
+
+def test_arenas_beyond_the_capacity_go_back_to_the_system() -> None:
+    faults, kept, reused, returned = _arenas_run(4)
+    assert kept == 4 and returned > 50 and reused >= 4
+    assert faults > 5_000  # a cache too small to matter: the rest is faulted in as before
+
+
+def test_an_executor_task_keeps_arenas() -> None:
+    script = (
+        "from eventspark.batch.memory import keep_freed_memory, ARENAS_KEPT\n"
+        "from eventspark.speedups import _arenas\n"
+        "keep_freed_memory()\n"
+        "assert _arenas.stats()['capacity'] == ARENAS_KEPT, _arenas.stats()\n"
+    )
+    compiled("arenas")
+    subprocess.run([sys.executable, "-c", script], check=True)

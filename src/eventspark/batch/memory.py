@@ -5,13 +5,20 @@ memory back to the kernel (blocks over 128 KiB to 32 MiB are mmap'ed, the heap t
 so the next chunk faults every page in again: about 3 µs per 4 KiB page on a VM, a few percent of
 a pass. `keep_freed_memory` makes blocks up to 256 MiB come from the heap and trims the heap only
 above 1 GiB free, for the process it runs in: called by each executor task (once per worker
-process), never for the JVM. Elsewhere (musl, macOS) it does nothing.
+process), never for the JVM. Elsewhere (musl, macOS) that part does nothing.
+
+Python's small objects (a row's strings, lists, dicts) do not come from malloc but from pymalloc's
+1 MiB arenas, mapped and unmapped by the interpreter itself: for them `keep_freed_memory` also
+keeps up to `ARENAS_KEPT` freed arenas for the next split (`speedups/_arenas.pyx`, where it is
+built): ~8,000 page faults per 14,000 events less, about a tenth of an executor's CPU per event.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+
+from eventspark import speedups
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +27,8 @@ _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLDS = (256 * 1024 * 1024, 32 * 1024 * 1024)
 """Tried in turn: glibc before 2.35 refuses more than 32 MiB (HEAP_MAX_SIZE / 2) on 64 bits."""
 TRIM_THRESHOLD = 1024 * 1024 * 1024
+ARENAS_KEPT = 128
+"""Freed pymalloc arenas (1 MiB each) a worker keeps: above the ~30–60 a 16 MiB split's rows take."""
 
 _done: bool | None = None
 
@@ -29,7 +38,14 @@ def keep_freed_memory() -> bool:
     global _done
     if _done is None:
         _done = _set_thresholds()
+        _keep_arenas()
     return _done
+
+
+def _keep_arenas() -> None:
+    arenas = speedups.load("arenas")
+    if arenas is not None:
+        arenas.install(ARENAS_KEPT)
 
 
 def _set_thresholds() -> bool:

@@ -1,6 +1,6 @@
 """Compiled speed-ups of the executors' hot loops, with the pure-Python steps as the reference.
 
-Each module here (`_flatten`, `_rows`, `_copytext`) is Cython built by `setup.py` when the machine
+Each module here (`_flatten`, `_rows`, `_copytext`, `_arenas`) is Cython built by `setup.py` when the machine
 has a C compiler (`make install` builds them in place; `Extension(optional=True)`: without a
 compiler the install goes on). The Python module it speeds up keeps its own implementation and
 takes the compiled one when it loads (`load`); the tests run both on the same inputs and require
@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-MODULES = ("flatten", "rows", "copytext")
+MODULES = ("flatten", "rows", "copytext", "arenas")
 PURE_ENV = "EVENTSPARK_PURE_PYTHON"
 
 log = logging.getLogger(__name__)
