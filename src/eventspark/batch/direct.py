@@ -73,10 +73,15 @@ class _Bounded:
 class DirectColumns:
     """The checks of the columns of a table written directly (`direct_columns`)."""
 
-    __slots__ = ("bounds", "checks", "kinds", "types")
+    __slots__ = ("bounds", "checks", "kinds", "sql_types", "types")
 
     def __init__(
-        self, kinds: dict[str, type], checks: dict[str, Check], bounds: dict[str, float], types: dict[str, type]
+        self,
+        kinds: dict[str, type],
+        checks: dict[str, Check],
+        bounds: dict[str, float],
+        types: dict[str, type],
+        sql_types: Mapping[str, str] | None = None,
     ) -> None:
         self.kinds = kinds
         """Column → the Python type of values that need no work (`_Zoned`, `_Utc`: text parsed
@@ -87,6 +92,8 @@ class DirectColumns:
         """`numeric(p,s)` column → the bound of its floats (exclusive, both signs)."""
         self.types = types
         """Column → the Python type of its values once checked (bool, int, float or str)."""
+        self.sql_types = dict(sql_types or {})
+        """Column → its SQL type, as the catalog spells it (`DirectRows.sql_types`)."""
 
 
 def direct_columns(sql_types: Mapping[str, str], types: Mapping[str, DataType | None]) -> DirectColumns | None:
@@ -105,7 +112,7 @@ def direct_columns(sql_types: Mapping[str, str], types: Mapping[str, DataType | 
         value_types[name] = _VALUE_TYPES[data_type]  # each check returns this type (`_column`)
         if kinds[name] is _Bounded:
             bounds[name] = checks[name].limit  # type: ignore[attr-defined]
-    return DirectColumns(kinds, checks, bounds, value_types)
+    return DirectColumns(kinds, checks, bounds, value_types, sql_types)
 
 
 def _column(sql_type: str, data_type: DataType | None) -> tuple[type, Check] | None:
@@ -228,6 +235,7 @@ class DirectBuffer:
         "keep",
         "kinds",
         "rows",
+        "sql_types",
         "table_kinds",
         "value_types",
     )
@@ -237,6 +245,7 @@ class DirectBuffer:
         self.checks = columns.checks
         self.bounds = columns.bounds
         self.value_types = columns.types
+        self.sql_types = columns.sql_types
         self.keep = keep
         self.kinds: dict[str, type] = {}
         """`table_kinds` of the columns in `columns`: a field not in it takes the slow path once."""
@@ -322,7 +331,9 @@ class DirectBuffer:
     def take(self) -> DirectRows:
         """The kept rows (then empty)."""
         rows, self.rows = self.rows, []
-        return DirectRows(list(self.columns), rows, [self.value_types[name] for name in self.columns])
+        columns = list(self.columns)
+        sql_types = [self.sql_types[name] for name in columns] if self.sql_types else None
+        return DirectRows(columns, rows, [self.value_types[name] for name in columns], sql_types)
 
     def dicts(self) -> list[dict[str, Any]]:
         """The kept rows as the chain made them (less their nulls), for staging (then empty)."""

@@ -154,6 +154,9 @@ class DirectRows:
     kinds: list[type] | None = None
     """Per column (in `columns` order), the one Python type (bool, int, float or str) of all its
     values, None aside: the writer may pick each column's encoder once instead of per value."""
+    sql_types: list[str] | None = None
+    """Per column (in `columns` order), its SQL type as the warehouse's catalog spells it: a writer
+    may then send the values in the columns' own binary forms."""
 
 
 class DirectWriter(Protocol):

@@ -12,10 +12,19 @@ rolled back whole, instead of loading its rows twice.
 When the compiled encoder is built (`speedups/_copytext.pyx`), it makes the COPY data of whole
 blocks of rows, the bytes psycopg's per-row path would send, for a fraction of its client CPU;
 psycopg's path stays the reference and takes the rows the encoder leaves (`copy_rows`).
+
+With it, a split is first encoded in the binary COPY format, each value in its column's own
+binary form (`binary_data`: numeric, timestamps, integers, text...): the server then parses no
+text, a fifth less of its CPU per row (3.1 → 2.45 µs on the bench's rows). The values are those
+the text would carry, and a value whose binary form the encoder cannot be sure of (a timestamp
+with more than microseconds, a float that is not finite, ...) sends the whole split as text
+instead: the text COPY stays the reference, and the tests load the same rows both ways and
+compare the tables.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import islice
@@ -26,7 +35,7 @@ import psycopg
 from psycopg import sql
 
 from eventspark.destinations.base import DirectRows, TerminalError
-from eventspark.destinations.postgres.client import COPYTEXT, translated_errors, write_blocks
+from eventspark.destinations.postgres.client import BLOCK_SIZE, COPYTEXT, translated_errors, write_blocks
 
 # The text encoder of each Python type of values (`DirectRows.kinds`): the server parses its text
 # into the column's own type whatever the name here (a text COPY sends no types).
@@ -52,6 +61,34 @@ def copy_rows(copy: psycopg.Copy, direct: DirectRows, encoding: str, compiled: M
         copy.write_row(row if len(row) == width else [*row, *([None] * (width - len(row)))])
 
 
+def binary_data(direct: DirectRows, encoding: str, compiled: ModuleType | None = COPYTEXT) -> list[bytes] | None:
+    """The binary COPY data of every row (header and trailer included), or None when some column
+    or value has no binary form the encoder is sure of (then the split goes as text)."""
+    if compiled is None or encoding != "utf-8" or direct.sql_types is None or not isinstance(direct.rows, list):
+        return None
+    codes = [compiled.DIRECT_CODES.get(_without_modifier(sql_type)) for sql_type in direct.sql_types]
+    if len(codes) != len(direct.columns) or None in codes:
+        return None
+    kinds = b"".join(codes)  # type: ignore[arg-type]  # None ruled out above
+    blocks = [compiled.BINARY_HEADER]
+    done = 0
+    while done < len(direct.rows):
+        data, done, stopped = compiled.binary_direct_rows(direct.rows, done, kinds, BLOCK_SIZE)
+        if stopped:
+            return None
+        blocks.append(data)
+    blocks.append(compiled.BINARY_TRAILER)
+    return blocks
+
+
+def _without_modifier(sql_type: str) -> str:
+    """`numeric(38,18)` → `numeric`, `timestamp(3) without time zone` → `timestamp without time zone`."""
+    return _MODIFIER.sub("", sql_type.strip().lower())
+
+
+_MODIFIER = re.compile(r"\(\d+(?:,\s*\d+)?\)", re.ASCII)
+
+
 @dataclass(frozen=True, slots=True)
 class PostgresDirectTarget:
     """Picklable: what an executor needs to write splits of one destination into its tables."""
@@ -61,6 +98,8 @@ class PostgresDirectTarget:
     loads_table: str
     """The marker table's name (in `schema`)."""
     dest_id: str
+    binary: bool = True
+    """Splits in the binary COPY format where the encoder can (`binary_data`); False: text only."""
 
     def open(self) -> PostgresDirectWriter:
         return PostgresDirectWriter(self)
@@ -98,8 +137,15 @@ class PostgresDirectWriter:
         columns = direct.columns
         names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
         statement = sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(self._target.schema, table), names)
+        blocks = binary_data(direct, conn.info.encoding) if self._target.binary else None
+        if blocks is not None:
+            statement += sql.SQL(" (FORMAT BINARY)")
         with conn.cursor() as cur, cur.copy(statement) as copy:
-            copy_rows(copy, direct, conn.info.encoding)
+            if blocks is None:
+                copy_rows(copy, direct, conn.info.encoding)
+                return
+            for block in blocks:  # data written whole: psycopg adds no header or trailer of its own
+                copy.write(block)
 
     def _mark(self, conn: psycopg.Connection[Any], split: str, tables: list[str]) -> None:
         if not tables:
