@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import gzip
 import os
 import subprocess
 import sys
@@ -274,7 +275,8 @@ def test_a_log_archived_while_its_node_was_down_does_not_go_up_again(
     client = s3_client(moto_s3)
     (key,) = remote_objects(moto_s3, s3_bucket)
     name = key.rsplit("/", 1)[-1]
-    client.put_object(Bucket=s3_bucket, Key=f"events/archive/2026-11-23/{name}.gz", Body=b"gz")  # the pass
+    archive = gzip.compress(b'{"n":1}\n')
+    client.put_object(Bucket=s3_bucket, Key=f"events/archive/2026-11-23/{name}.gz", Body=archive)  # the pass
     client.delete_object(Bucket=s3_bucket, Key=key)
 
     assert upload_rotated(config) == []
@@ -299,6 +301,85 @@ def test_a_log_whose_upload_died_midway_goes_up_on_the_next_call(
     (name,) = upload_rotated(config)
     assert remote_objects(moto_s3, s3_bucket) == {f"events/incoming/{name}": b'{"n":1}\n'}
     assert not path.exists() and os.listdir(path.parent) == [upload.LOCK_FILE]
+
+
+def test_a_log_that_moved_to_a_later_name_is_not_taken_for_the_archived_one(
+    tmp_path: Path, moto_s3: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review: two nodes sharing a server.name. This node's log finds its name taken by the other
+    # node's log (other content) and goes for a millisecond later, where every put fails. A pass
+    # then archives the other node's log; the next call looked for the log under its first name,
+    # found that one archived and removed the local log, which was never uploaded.
+    config = make_config(tmp_path, s3_remote(moto_s3, s3_bucket))
+    client = s3_client(moto_s3)
+    taken = "incoming.tok=web|n=node-a-2026-11-22T10-00-00.123.log"
+    client.put_object(Bucket=s3_bucket, Key=f"events/incoming/{taken}", Body=b'{"other":1}\n')
+    path = write_log(tmp_path, rotated_log_name("web", AT), b'{"n":1}\n')
+    monkeypatch.setattr(upload, "BACKOFF_SEC", 0.01)
+
+    def failing_put(*args: Any, **kwargs: Any) -> None:
+        raise OSError("store down")
+
+    monkeypatch.setattr(upload, "_put", failing_put)
+    assert upload_rotated(config) == []
+    monkeypatch.undo()
+    assert path.exists()
+    other = gzip.compress(b'{"other":1}\n')
+    client.put_object(Bucket=s3_bucket, Key=f"events/archive/2026-11-22/{taken}.gz", Body=other)
+    client.delete_object(Bucket=s3_bucket, Key=f"events/incoming/{taken}")  # the pass archived the other log
+
+    moved = "incoming.tok=web|n=node-a-2026-11-22T10-00-00.124.log"
+    assert upload_rotated(config) == [moved]
+    assert remote_objects(moto_s3, s3_bucket)[f"events/incoming/{moved}"] == b'{"n":1}\n'
+    assert not path.exists() and os.listdir(path.parent) == [upload.LOCK_FILE]
+
+
+def test_a_log_archived_under_its_later_name_is_found_there(
+    tmp_path: Path, moto_s3: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The journal names the object the log went up as (a millisecond on), and only that one.
+    config = make_config(tmp_path, s3_remote(moto_s3, s3_bucket))
+    client = s3_client(moto_s3)
+    taken = "incoming.tok=web|n=node-a-2026-11-22T10-00-00.123.log"
+    client.put_object(Bucket=s3_bucket, Key=f"events/incoming/{taken}", Body=b'{"other":1}\n')
+    path = write_log(tmp_path, rotated_log_name("web", AT), b'{"n":1}\n')
+    real_unlink = os.unlink
+
+    def dying_unlink(target: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(target) == path:
+            raise Crash
+        real_unlink(target, *args, **kwargs)
+
+    monkeypatch.setattr(upload.os, "unlink", dying_unlink)
+    with pytest.raises(Crash):
+        upload_rotated(config)
+    monkeypatch.undo()
+    moved = "incoming.tok=web|n=node-a-2026-11-22T10-00-00.124.log"
+    assert (path.parent / f".{path.name}.uploading").read_text() == moved + "\n"
+    client.put_object(Bucket=s3_bucket, Key=f"events/archive/2026-11-22/{moved}.gz", Body=gzip.compress(b'{"n":1}\n'))
+    client.delete_object(Bucket=s3_bucket, Key=f"events/incoming/{moved}")  # a pass loaded it
+
+    assert upload_rotated(config) == []
+    assert f"events/incoming/{moved}" not in remote_objects(moto_s3, s3_bucket)
+    assert not path.exists() and os.listdir(path.parent) == [upload.LOCK_FILE]
+
+
+def test_a_journal_without_a_name_removes_the_log_only_when_the_archive_holds_its_bytes(
+    tmp_path: Path, moto_s3: str, s3_bucket: str
+) -> None:
+    # A journal left by an older version (empty): the name it went up under is unknown, so an
+    # archive under the log's own name is taken for it only when it holds the same bytes.
+    config = make_config(tmp_path, s3_remote(moto_s3, s3_bucket))
+    client = s3_client(moto_s3)
+    name = "incoming.tok=web|n=node-a-2026-11-22T10-00-00.123.log"
+    path = write_log(tmp_path, rotated_log_name("web", AT), b'{"n":1}\n')
+    write_log(tmp_path, f".{path.name}.uploading", b"")
+    other = gzip.compress(b'{"other":1}\n')
+    client.put_object(Bucket=s3_bucket, Key=f"events/archive/2026-11-22/{name}.gz", Body=other)
+
+    assert upload_rotated(config) == [name]  # another log's archive: this one goes up
+    assert remote_objects(moto_s3, s3_bucket)[f"events/incoming/{name}"] == b'{"n":1}\n'
+    assert not path.exists()
 
 
 def test_another_uploading_process_is_waited_for_then_given_up_on(

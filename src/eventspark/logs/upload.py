@@ -37,6 +37,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from isal import igzip
+
 from eventspark.config.models import Config
 from eventspark.logs.incoming import parse_log_name, rotated_log_name, with_node
 from eventspark.logs.remote import atomic_puts, protocols, put_options, remote_filesystem, remote_path
@@ -59,7 +61,8 @@ LOCK_WAIT_SEC = 120.0
 MAX_NAME_STEPS = 1000
 """Names tried when objects of the same name and other content exist (a node name used twice)."""
 JOURNAL_SUFFIX = ".uploading"
-"""`.<log>.uploading` beside a local log while it may be on the store (`_start_journal`)."""
+"""`.<log>.uploading` beside a local log while it may be on the store, holding the remote name
+of its last put (`_record_name`)."""
 
 
 class UploadError(RuntimeError):
@@ -155,24 +158,46 @@ def upload_log(fs: Any, root: str, path: Path, node: str, part_size: int = PART_
     except FileNotFoundError:
         return None
     journal = path.with_name(f".{path.name}{JOURNAL_SUFFIX}")
-    if journal.exists() and _archived(fs, root, name):
+    recorded = _read_journal(journal)
+    # The name of the last put tried, when recorded: the log may be there (or archived) under it,
+    # not under `name` (it moves on when a name is taken), and it should keep a single name.
+    name = recorded or name
+    if recorded is not None and _archived(fs, root, name, digest):
         logger.warning("%s was loaded and archived while this node was down; the local copy goes", path.name)
         _remove_local(path, status, journal)
         return None
-    _start_journal(journal)
-    name = _put_once(fs, root, path, name, digest, part_size, status if status.exists() else None)
+    name = _put_once(fs, root, path, name, digest, part_size, status if status.exists() else None, journal)
     if not path.exists():  # another process uploaded it meanwhile (impossible under the lock)
         return name
     _remove_local(path, status, journal)
     return name
 
 
-def _start_journal(journal: Path) -> None:
-    """Marks the log as maybe on the store from now on, durably: after a crash, a marked log missing
-    from the store's incoming/ may have been loaded and archived already (`_archived`)."""
-    if not journal.exists():
-        journal.touch()
-        sync_dir(journal.parent)
+def _read_journal(journal: Path) -> str | None:
+    """The remote name recorded in the journal (`_record_name`); "" for a journal without a whole
+    name (an older version's empty one, a crash while writing it), None without a journal."""
+    try:
+        text = journal.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError):
+        return ""
+    name = text[:-1] if text.endswith("\n") else ""
+    if parse_log_name(name) is None and replay_destination(name) is None:
+        return ""
+    return name
+
+
+def _record_name(journal: Path, name: str) -> None:
+    """Marks the log as maybe on the store under `name` from now on, durably, before its put:
+    after a crash or a failed put, `upload_log` looks for the log under that name only."""
+    fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, f"{name}\n".encode())  # the newline ends a whole name (`_read_journal`)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    sync_dir(journal.parent)
 
 
 def _remove_local(path: Path, status: Path, journal: Path) -> None:
@@ -182,9 +207,10 @@ def _remove_local(path: Path, status: Path, journal: Path) -> None:
             os.unlink(leftover)
 
 
-def _archived(fs: Any, root: str, name: str) -> bool:
-    """Whether a pass archived the log `name` (gone from incoming/, in `archive/<day>/` from the day
-    of its rotation on): a log whose upload was cut short is put again only when it is not."""
+def _archived(fs: Any, root: str, name: str, digest: Digest) -> bool:
+    """Whether a pass archived this log as `name`: gone from incoming/, and in `archive/<day>/`
+    (from the day of its rotation on) with the log's own bytes. Another log archived under that
+    name (a name used twice) does not count: the log is put again rather than lost."""
     if _info(fs, remote_path(root, "incoming", name)) is not None:
         return False  # still there: `_put_once` finds it
     parsed = parse_log_name(name)
@@ -194,19 +220,46 @@ def _archived(fs: Any, root: str, name: str) -> bool:
     except FileNotFoundError:
         return False
     days = [day for day in days if day.rstrip("/").rsplit("/", 1)[-1] >= first]
-    return any(_info(fs, remote_path(day, f"{name}.gz")) is not None for day in days)
+    for day in days:
+        target = remote_path(day, f"{name}.gz")
+        if _info(fs, target) is not None and _archive_matches(fs, target, digest):
+            return True
+    return False
+
+
+def _archive_matches(fs: Any, target: str, digest: Digest) -> bool:
+    """The gzipped object at `target` holds the local log's bytes (read back: a rare path)."""
+    md5, size = hashlib.md5(usedforsecurity=False), 0
+    try:
+        with fs.open(target, "rb", block_size=PART_SIZE) as remote_file, igzip.open(remote_file, "rb") as data:
+            while chunk := data.read(PART_SIZE):
+                md5.update(chunk)
+                size += len(chunk)
+    except (OSError, EOFError, ValueError) as exc:  # not a whole gzip: not this log's archive
+        logger.warning("%s cannot be read as a gzip (%s); not taken for the log's archive", target, exc)
+        return False
+    return size == digest.size and md5.hexdigest() == digest.md5
 
 
 def _put_once(
-    fs: Any, root: str, path: Path, name: str, digest: Digest, part_size: int, status: Path | None = None
+    fs: Any,
+    root: str,
+    path: Path,
+    name: str,
+    digest: Digest,
+    part_size: int,
+    status: Path | None = None,
+    journal: Path | None = None,
 ) -> str:
     """Puts the log under `name` (its local `status` first), or finds it there from an earlier call
     that crashed before the local removal; another object under that name makes the next free name
-    (a millisecond later)."""
+    (a millisecond later). The name is recorded in `journal` before any put."""
     for _ in range(MAX_NAME_STEPS):
         target = remote_path(root, "incoming", name)
         info = _info(fs, target)
         if info is None:
+            if journal is not None:
+                _record_name(journal, name)
             if status is not None:  # only with the log: a status found up there may be a pass's, newer
                 _put(fs, root, status, name + STATUS_SUFFIX, _digest(status, part_size), part_size)
             _put(fs, root, path, name, digest, part_size)
