@@ -62,6 +62,7 @@ def node_config(root: Path, remote: dict[str, Any], pg: dict[str, Any], name: st
         {"pg": postgres_destination(pg, "{{.event_type}}")},
         log={"path": str(root / name / "events"), "remote": remote},
         server={"name": name},
+        coordination={"type": "inmemory"},  # unused: each pass gets its node's Redis coordination (`nodes`)
     )
 
 

@@ -69,7 +69,9 @@ def remote_section(endpoint: str, bucket: str) -> dict[str, Any]:
 def remote_config(
     root: Path, remote: dict[str, Any], destinations: dict[str, Any], node: str = "node-a"
 ) -> LoadedConfig:
-    return make_config(root, destinations, log={"path": str(root / "events"), "remote": remote}, server={"name": node})
+    log = {"path": str(root / "events"), "remote": remote}
+    # One node per config here: the tests hand each pass its coordination (Redis where it matters).
+    return make_config(root, destinations, log=log, server={"name": node}, coordination={"type": "inmemory"})
 
 
 def remote_fs(loaded: LoadedConfig) -> tuple[Any, str]:
@@ -474,7 +476,8 @@ def test_the_stores_secrets_stay_out_of_reprs(tmp_path: Path) -> None:
     # Review: the reader travels in every job plan; a repr in a log line or a traceback showed them.
     options = {"key": "AKIDEXAMPLE", "secret": "wJalrXUtnFEMI"}
     reader = RemoteReader("s3://bucket/events", options)
-    config = make_config(tmp_path, {}, log={"remote": {"url": "s3://bucket/events", "storage_options": options}})
+    remote = {"url": "s3://bucket/events", "storage_options": options}
+    config = make_config(tmp_path, {}, log={"remote": remote}, coordination={"type": "inmemory"})
     for shown in (repr(reader), repr(config.config.log), str(config.config.log)):
         assert "AKIDEXAMPLE" not in shown and "wJalrXUtnFEMI" not in shown
 

@@ -362,3 +362,32 @@ def test_without_a_mode_a_type_with_one_mode_runs_in_it(tmp_path: Path) -> None:
     loaded = load_config(write(tmp_path, text.rsplit("  sent:", 1)[0]), env={})
     modes = {dest_id: dest.mode for dest_id, dest in loaded.config.destinations.items()}
     assert modes == {"hook": "stream", "lake": "batch", "pg": "batch"}
+
+
+REMOTE = "log: {path: ./events, remote: {url: 's3://bucket/events'}}\ndestinations: {d: {type: duckdb}}\n"
+
+
+@pytest.mark.parametrize("coordination", ["", "coordination: {lock_lease_sec: 5}\n"])
+def test_log_remote_without_a_shared_coordination_is_refused(tmp_path: Path, coordination: str) -> None:
+    # Review: the in-memory default lock is each node's own, so the cluster's pass lock protected
+    # nothing: two nodes could run passes over the same logs at once.
+    path = write(tmp_path, REMOTE + coordination)
+    with pytest.raises(ConfigError, match=r"log\.remote: .*coordination\.redis or coordination\.etcd"):
+        load_config(path, env={})
+    result = run_check("-c", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "configure coordination.redis or coordination.etcd" in result.stderr
+
+
+def test_log_remote_with_inmemory_coordination_chosen_is_a_single_node(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path, REMOTE + "coordination: {type: inmemory}\n")
+    with caplog.at_level("WARNING", logger="eventspark.config.loading"):
+        load_config(path, env={})
+    assert "a single node" in caplog.text
+    result = run_check("-c", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "coordination type inmemory" in result.stderr
+    shared = write(tmp_path, REMOTE + "coordination: {redis: {host: localhost}}\n")
+    assert load_config(shared, env={}).config.log.remote is not None

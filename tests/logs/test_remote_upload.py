@@ -447,6 +447,7 @@ def test_check_names_the_extra_when_the_store_package_is_missing(tmp_path: Path,
         "api_keys: [{id: web, client_secret: js}]\n"
         f"log: {{path: {tmp_path / 'events'}, remote: {{url: 's3://bucket/events'}}}}\n"
         "destinations: {dw: {type: duckdb}}\n"
+        "coordination: {type: inmemory}\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
@@ -467,6 +468,7 @@ def test_serve_with_workers_uploads_at_shutdown(tmp_path: Path, moto_s3: str, s3
         "server": {"name": "node-b", "workers": 2},
         "api_keys": [{"id": "web", "client_secret": "js", "server_secret": "s2s"}],
         "log": {"remote": s3_remote(moto_s3, s3_bucket), "rotation_min": 60, "uploader_period_sec": 3600},
+        "coordination": {"type": "inmemory"},  # one node
         "destinations": {"dw": {"type": "duckdb"}},
     }
     server = start_server(tmp_path, config)

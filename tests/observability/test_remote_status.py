@@ -40,6 +40,7 @@ def write_config(tmp_path: Path, endpoint: str, bucket: str) -> Path:
             "path": str(tmp_path / "events"),
             "remote": {"url": f"s3://{bucket}/events", "storage_options": options},
         },
+        "coordination": {"type": "inmemory"},  # one node
         "destinations": {
             "dw": {"type": "duckdb", "duckdb": {"path": "w.duckdb"}},
             "web_only": {"type": "duckdb", "duckdb": {"path": "v.duckdb"}, "only_tokens": ["web"]},

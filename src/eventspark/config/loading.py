@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -19,6 +20,8 @@ from eventspark.config.routing import unknown_tokens
 from eventspark.config.sources import MAX_CONFIG_BYTES, ConfigSource, resolve_sources
 from eventspark.destinations.duckdb.configuration import DuckDBDestination
 from eventspark.destinations.registry import REGISTRY
+
+logger = logging.getLogger(__name__)
 
 ENV_PLACEHOLDER = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -43,7 +46,13 @@ def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -
     raw: Any = {} if path is None else read_config_file(Path(path))
     raw = substitute_env(raw, os.environ if env is None else env)
     raw, sources = resolve_sources(raw)  # api_keys / destinations given as a URL: fetched now
-    return build_loaded(raw, embedded=path is None, sources=sources)
+    loaded = build_loaded(raw, embedded=path is None, sources=sources)
+    if single_node_remote(loaded.config):  # once per process, not at each reload of its sources
+        logger.warning(
+            "log.remote with coordination type inmemory: passes are one at a time on this node only;"
+            " run a single node, or configure coordination.redis or coordination.etcd for several"
+        )
+    return loaded
 
 
 def build_loaded(
@@ -55,6 +64,7 @@ def build_loaded(
     config = validate_config(raw)
     check_unimplemented(config)
     check_object_locations(config)
+    check_remote_coordination(config)
     loaded = LoadedConfig(config=config, warnings=[*unknown_keys(config), *keys_without_effect(config)])
     loaded.raw, loaded.sources = raw, sources or {}
     apply_defaults(loaded, embedded=embedded)
@@ -179,6 +189,26 @@ def check_object_locations(config: Config) -> None:
                 f"destinations.{first} and destinations.{dest_id} write objects to the same bucket and folder; "
                 "give each its own folder (or bucket)"
             )
+
+
+def check_remote_coordination(config: Config) -> None:
+    """ConfigError for `log.remote` with the default in-memory coordination: every node would hold
+    its own pass lock, so two nodes could load the same logs at once. The in-memory backend is
+    taken only when chosen (`coordination: {type: inmemory}`): a single node."""
+    section = config.coordination
+    shared = section is not None and (section.redis is not None or section.etcd is not None)
+    if config.log.remote is None or shared or single_node_remote(config):
+        return
+    raise ConfigError(
+        "log.remote: the passes of every node sharing the store need one lock across the nodes;"
+        " configure coordination.redis or coordination.etcd (or, for a single node, coordination: {type: inmemory})"
+    )
+
+
+def single_node_remote(config: Config) -> bool:
+    """`log.remote` with the in-memory coordination chosen explicitly: one node only."""
+    section = config.coordination
+    return config.log.remote is not None and section is not None and section.type == "inmemory"
 
 
 def keys_without_effect(config: Config) -> Iterator[str]:
