@@ -35,9 +35,15 @@ from tests.batch.helpers import run_cli
 from tests.collector import conftest as collector_fixtures
 from tests.collector.conftest import MAGIC, parse_records
 from tests.conftest import pg_conninfo
+from tests.emulators.s3 import S3_KEY_ID, S3_REGION, S3_SECRET, s3_client
 
 run_server = collector_fixtures.run_server
 ADMIN = "admin-token-ops"
+
+
+def s3_keys(endpoint: str, bucket: str) -> list[str]:
+    listed = s3_client(endpoint).list_objects_v2(Bucket=bucket).get("Contents", [])
+    return [entry["Key"] for entry in listed]
 
 
 def write_failed(events_dir: Path, dest_id: str, events: list[Any], error: str = "column x: does not fit") -> Path:
@@ -60,6 +66,20 @@ def config_file(root: Path, destinations: dict[str, Any], **extra: Any) -> Path:
         **extra,
     }
     path = root / "eventspark.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def remote_config_file(root: Path, destinations: dict[str, Any], endpoint: str, bucket: str) -> Path:
+    """`config_file` with `log.remote` on moto's S3 server, one node."""
+    path = config_file(root, destinations, coordination={"type": "inmemory"})
+    config = yaml.safe_load(path.read_text())
+    options = {
+        "key": S3_KEY_ID,
+        "secret": S3_SECRET,
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": S3_REGION},
+    }
+    config["log"]["remote"] = {"url": f"s3://{bucket}/events", "storage_options": options}
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -136,6 +156,24 @@ def test_archived_logs_go_to_the_destinations_they_came_from(tmp_path: Path, pg_
         plan_replay(config, "archive/2026-01-01/other.log.gz")
     assert caught.value.status == 400 and caught.value.message == "destination_id is required"
     assert plan_replay(config, "archive/2026-01-01/other.log.gz", "pg").targets == {"pg": "batch"}
+
+
+def test_an_archived_log_on_the_store_is_fetched_to_be_replayed(
+    tmp_path: Path, pg_datasource: dict[str, Any], moto_s3: str, s3_bucket: str
+) -> None:
+    # With log.remote the passes archive on the store: a replay of archive/... fetches it first.
+    config = load_config(remote_config_file(tmp_path, {"pg": pg_dest(pg_datasource)}, moto_s3, s3_bucket)).config
+    name = "incoming.tok=web|n=node-a-2026-01-01T00-00-00.000.log.gz"
+    body = gzip.compress(b'{"a": 1}\n')
+    s3_client(moto_s3).put_object(Bucket=s3_bucket, Key=f"events/archive/2026-01-01/{name}", Body=body)
+
+    plan = plan_replay(config, f"archive/2026-01-01/{name}")
+    assert plan.targets == {"pg": "batch"} and plan.kind == "archive"
+    assert plan.path == tmp_path / "events" / "archive" / "2026-01-01" / name and plan.path.read_bytes() == body
+    with pytest.raises(ReplayError) as caught:
+        plan_replay(config, "archive/2026-01-02/incoming.tok=web-2026-01-02T00-00-00.000.log.gz")
+    assert caught.value.status == 404
+    assert sorted(p.name for p in (tmp_path / "events" / "archive").iterdir()) == ["2026-01-01"]
 
 
 def test_failed_records_give_back_their_original_event() -> None:
@@ -309,3 +347,20 @@ def test_replay_through_worker_processes(
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert state["status"] == "ok" and state["request_id"] == pending.json()["request_id"]
+
+
+def test_replay_command_with_log_remote_uploads_the_replay_log_before_its_pass(
+    tmp_path: Path, pg_datasource: dict[str, Any], pg_schema: str, moto_s3: str, s3_bucket: str
+) -> None:
+    # Review: without a serving node, `eventspark replay` ran the pass without uploading the replay
+    # log first: it stayed in the local incoming/ and the pass, reading the store, found nothing.
+    remote_config_file(tmp_path, {"pg": pg_dest(pg_datasource)}, moto_s3, s3_bucket)
+    log_path = tmp_path / "events"
+    write_failed(log_path, "pg", events("r", 3))
+
+    done = run_cli(tmp_path, "replay", "failed.dst=pg.log")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ids_in(pg_schema) == [f"r-{n}" for n in range(3)]
+    assert not [p for p in (log_path / "incoming").iterdir() if replay_destination(p.name)]
+    archived = [key for key in s3_keys(moto_s3, s3_bucket) if key.startswith("events/archive/")]
+    assert len(archived) == 1 and "replay.dst=pg-" in archived[0]

@@ -171,9 +171,11 @@ def plan_replay(
     try:
         name, path, kind = resolve_source(log_path, file_name)
     except ReplayError as exc:
-        if exc.status == 404:
-            refuse_replayed_name(log_path, file_name)
-        raise
+        if exc.status != 404 or not _fetched_from_store(config, file_name):
+            if exc.status == 404:
+                refuse_replayed_name(log_path, file_name)
+            raise
+        name, path, kind = resolve_source(log_path, file_name)
     if file_format is not None and file_format not in FILE_FORMATS:
         raise ReplayError(400, "Unknown file_format", f"one of {', '.join(FILE_FORMATS)}")
     fmt = file_format or ("raw_json" if kind == "archive" else "failed")
@@ -204,6 +206,17 @@ def plan_replay(
             "set force to replay it again (keyed destinations upsert, others get the events twice)",
         )
     return plan
+
+
+def _fetched_from_store(config: Config, file_name: str) -> bool:
+    """With `log.remote`, an archived log is on the store: fetched here to be replayed
+    (`ops.replay_archive`); a store that does not answer is a 502."""
+    from eventspark.ops.replay_archive import StoreUnreachable, fetch_archived
+
+    try:
+        return fetch_archived(config, file_name)
+    except StoreUnreachable as exc:
+        raise ReplayError(502, "The store of log.remote did not answer", str(exc)) from None
 
 
 def _replaces_events(config: Config, dest_id: str) -> bool:
@@ -484,7 +497,7 @@ def run_batch_pass(loaded: LoadedConfig, wait: float, reason: str) -> tuple[str 
 
 def run_local_pass(loaded: LoadedConfig) -> dict[str, Any]:
     """One batch pass in this process (like `eventspark process`), as a pass answer."""
-    from eventspark.batch.process import PassBusy, run_recorded
+    from eventspark.batch.process import PassBusy, run_recorded, upload_local_logs
     from eventspark.batch.session import stop_session
     from eventspark.coordination import build_coordination
     from eventspark.ops.passes import summary_of
@@ -494,6 +507,7 @@ def run_local_pass(loaded: LoadedConfig) -> dict[str, Any]:
     coordination = build_coordination(config.coordination, config.server.name)
     started = time.time()
     try:
+        upload_local_logs(config)  # with log.remote the pass reads the store: the replay logs go up first
         with spark_tasks("replay pass"):
             result = run_recorded(loaded, coordination)
     except PassBusy as exc:
