@@ -8,8 +8,10 @@ import pytest
 
 from eventspark.batch.failed_events import FailedEvents
 from eventspark.batch.partition import NO_TABLE
+from eventspark.config.models import RemoteLogs
 from eventspark.logs.failed import failed_log_path, parked_spools
 from eventspark.logs.status import LogStatus, PairStatus, write_status
+from eventspark.logs.store import RemoteStore
 
 LOG_A = "incoming.tok=web-2020-08-02T18-00-00.000.log"
 LOG_B = "incoming.tok=web-2020-08-02T19-00-00.000.log"
@@ -98,3 +100,23 @@ def test_an_unreachable_destination_drops_the_groups_of_the_logs_giving_up(tmp_p
     FailedEvents(tmp_path).settle_unreachable("pg", {LOG_A})
     assert _lines(tmp_path) == []  # LOG_A's events go to failed/ again, with the give-up reason
     assert [group.log for group in parked_spools(tmp_path / "failed")] == [LOG_B]  # not known yet
+
+
+def test_a_claim_removed_before_the_appends_drops_its_group(tmp_path: Path) -> None:
+    # Review: the pass's lease could lapse after its fence check, and another node's pass remove
+    # this job's claims and spool the same failed events: they were appended here all the same.
+    remote = RemoteLogs(url=(tmp_path / "store").as_uri())
+    store = RemoteStore(remote, tmp_path, "node-a")
+    failed = FailedEvents(tmp_path, claims=store.park_claims())
+    _park_three(tmp_path, failed)
+    assert failed.claims is not None and all(failed.claims.held(group) for group in failed.parked)
+    users = next(group for group in failed.parked if group.table == "users")
+    # Another node's pass decides LOG_A's users pair again: this job's claim on it goes.
+    store.park_claims().supersede([(LOG_A, "pg", "users")], keep=[])
+
+    updates: dict[str, LogStatus] = {LOG_A: {"pg": {"users": PairStatus(True), "views": PairStatus(True)}}}
+    with failed.append_settled(updates):
+        assert _lines(tmp_path) == ["t1", "v1"]  # the users group is dropped, never appended
+    assert _lines(tmp_path) == ["t1", "v1"]
+    assert not users.manifest.parent.exists()
+    assert parked_spools(tmp_path / "failed") == []

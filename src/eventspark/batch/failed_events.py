@@ -28,6 +28,7 @@ from eventspark.logs.failed import (
     park_spools,
     parked_spools,
     recover_journal,
+    remove_groups,
     settle_recovered,
 )
 from eventspark.logs.status import LogStatus, processed, read_status
@@ -153,7 +154,7 @@ class FailedEvents:
         4): appends the parked groups whose pair is settled and fsyncs the failed logs on entry, and
         retires their journals and groups on a clean exit. Holds the append lock throughout when it
         appends anything: a replay moving a failed log away waits."""
-        settled = self._settled_groups(updates)
+        settled = self._still_claimed(self._settled_groups(updates))
         with appending(self.failed_dir) if settled else contextlib.nullcontext():
             journals = []
             appended: list[ParkedSpools] = []
@@ -178,6 +179,28 @@ class FailedEvents:
                     continue
             by_dest[group.dest_id].append(group)
         return by_dest
+
+    def _still_claimed(self, settled: dict[str, list[ParkedSpools]]) -> dict[str, list[ParkedSpools]]:
+        """`settled` without the groups whose claim is gone, listed again right now: the pass's lease
+        may have lapsed after its fence check, and another node's pass may have decided their pairs
+        again and spooled the same events (`ParkClaims`). Those groups are dropped, never appended."""
+        claims = self.claims
+        if claims is None or not settled:
+            return settled
+        claims.refresh()
+        kept: dict[str, list[ParkedSpools]] = {}
+        dropped: list[ParkedSpools] = []
+        for dest_id, groups in settled.items():
+            kept[dest_id] = [group for group in groups if not group.claimed or claims.held(group)]
+            dropped += [group for group in groups if group.claimed and not claims.held(group)]
+        if dropped:
+            log.warning(
+                "%d failed-event group(s) superseded by another node's pass since they were parked: dropped",
+                len(dropped),
+            )
+            remove_groups(dropped)
+            self.parked = [group for group in self.parked if group not in dropped]
+        return {dest_id: groups for dest_id, groups in kept.items() if groups}
 
     def _take_left(self, dest_id: str) -> list[ParkedSpools]:
         """The groups a crashed pass left for `dest_id`, once per job (listed on the first call)."""

@@ -448,11 +448,16 @@ class ParkClaims:
             _remove_keys(self.fs, others)
 
     def held(self, group: Any) -> bool:
-        """Whether `group`'s claim is still there (listed once per instance: one pass)."""
+        """Whether `group`'s claim is still there (listed once per instance: one pass; `refresh`
+        lists again)."""
         if self._held is None:
             # By group id alone: a node back under another name (a pod's new host name) finds its claims.
             self._held = {key.rpartition("@")[2] for key in self._listing()}
         return group.group_id in self._held
+
+    def refresh(self) -> None:
+        """Forgets the listing: the next `held` lists the store again."""
+        self._held = None
 
     def release(self, groups: list[Any]) -> None:
         """Removes the claims of groups appended or dropped. A failure is logged, not raised: the
