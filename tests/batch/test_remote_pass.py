@@ -25,12 +25,12 @@ from eventspark.batch.process import PassBusy, process_once, run_pass
 from eventspark.batch.splits import plan_splits, read_remote_split, read_split
 from eventspark.batch.uploader import Uploader
 from eventspark.config import LoadedConfig
-from eventspark.config.models import CoordinationConfig, RedisConfig
+from eventspark.config.models import CoordinationConfig, RedisConfig, RemoteLogs
 from eventspark.coordination import MemoryCoordination, build_coordination
 from eventspark.logs.incoming import live_log_name, parse_log_name, rotated_log_name
 from eventspark.logs.remote import remote_filesystem
 from eventspark.logs.status import status_path
-from eventspark.logs.store import LogFile, RemoteReader, gzip_remote, log_store, remote_lock_name
+from eventspark.logs.store import LogFile, RemoteReader, RemoteStore, gzip_remote, log_store, remote_lock_name
 from tests.batch.helpers import (
     duck_rows,
     duckdb_destination,
@@ -607,3 +607,19 @@ def test_a_stray_object_with_glob_characters_is_ignored_and_deletes_nothing(
     assert [logfile.name for logfile in store.rotated()] == [name]
     store.archive([logfile for logfile in store.rotated() if logfile.name != name])
     assert sorted(incoming_names(loaded)) == sorted([name, stray])
+
+
+def test_a_claim_key_holding_a_glob_character_is_not_removed_as_a_pattern(
+    tmp_path: Path, remote: dict[str, Any]
+) -> None:
+    # Review: claims are listed then removed in bulk, and s3fs's `rm` expands `*`, `?` and `[`:
+    # a stray key `…/node-b@*` removed the claim of a group this pass keeps.
+    store = RemoteStore(RemoteLogs.model_validate(remote), tmp_path / "events", "node-a")
+    claims = store.park_claims()
+    pair = claims._pair("incoming.tok=web|n=node-a-2026-01-01T00-00-00.000.log", "pg", "t")
+    store.fs.pipe({f"{pair}/{key}": b"" for key in ("node-b@*", "node-b@kept", "node-c@other")})
+    kept = SimpleNamespace(group_id="kept")
+
+    claims.supersede([("incoming.tok=web|n=node-a-2026-01-01T00-00-00.000.log", "pg", "t")], keep=[kept])
+    claims.refresh()
+    assert sorted(key.rpartition("/")[2] for key in claims._listing()) == ["node-b@*", "node-b@kept"]

@@ -206,3 +206,17 @@ def test_the_retention_thread_removes_its_nodes_copies(tmp_path: Path) -> None:
     assert keys(remote) == set()
     usage = orjson.loads((tmp_path / "events" / "state" / "retention.json").read_bytes())
     assert usage["remote_archive"]["removed_files"] == 1 and usage["remote_failed"]["removed_files"] == 1
+
+
+def test_a_copy_holding_a_glob_character_is_not_removed_as_a_pattern(
+    moto_s3: str, s3_bucket: str, tmp_path: Path
+) -> None:
+    # Review: s3fs's `rm` expands `*`, `?` and `[` in the paths it is given, so removing the copy
+    # of `failed.dst=a*.log` removed every `failed.dst=a….log` copy of the node too.
+    remote = s3_remote(moto_s3, s3_bucket)
+    for key in ("failed/node-a/failed.dst=a*.log", "failed/node-a/failed.dst=ab.log"):
+        put(remote, key, 13)
+    plant_failed(tmp_path / "events", "failed.dst=a*.log", 100)
+    plant_failed(tmp_path / "events", "failed.dst=ab.log", 1)
+    apply_retention(LogConfig(path=str(tmp_path / "events"), remote=remote, failed_retention_days=90), node="node-a")
+    assert keys(remote) == {"failed/node-a/failed.dst=a*.log", "failed/node-a/failed.dst=ab.log"}  # skipped, logged

@@ -117,6 +117,8 @@ def test_remote_url_needs_a_protocol() -> None:
     with pytest.raises(ValueError, match="protocol"):
         RemoteLogs(url="bucket/prefix")
     assert RemoteLogs(url="s3://bucket/prefix/").url == "s3://bucket/prefix"
+    with pytest.raises(ValueError, match="glob"):  # every key under it would be a pattern to fsspec
+        RemoteLogs(url="s3://bucket/events[1]")
 
 
 # --- uploads ----------------------------------------------------------------------------------------

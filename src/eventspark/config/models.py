@@ -170,6 +170,8 @@ class RemoteLogs(Section):
         protocol, sep, path = url.strip().partition("://")
         if not sep or not protocol or not path.strip("/") or not protocol.replace("+", "").isalnum():
             raise ValueError("must be an fsspec URL with a protocol and a path, e.g. s3://bucket/prefix")
+        if any(char in url for char in "*?["):  # fsspec reads them as globs in every key under it
+            raise ValueError("must not hold *, ? or [ (fsspec reads them as globs)")
         return url.strip().rstrip("/")
 
 

@@ -9,9 +9,14 @@ Layout under the URL (the same names as under `log.path`):
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from typing import Any
 
 from eventspark.config.models import RemoteLogs
+from eventspark.logs.incoming import GLOB_CHARACTERS
+
+log = logging.getLogger(__name__)
 
 ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az"})
 """Object stores where a put is atomic (a reader sees the whole object or none): a log is put
@@ -90,3 +95,23 @@ def put_options(fs: Any, part_size: int) -> dict[str, Any]:
         if protocol in PUT_OPTIONS:
             return {"chunksize": part_size, **PUT_OPTIONS[protocol]}
     return {}
+
+
+def remove_listed(fs: Any, paths: list[str]) -> None:
+    """Deletes `paths` (keys found by a listing) in one bulk request (`fs.rm(list)`: S3 deletes
+    1,000 keys a request). s3fs and gcsfs read `*`, `?` and `[` in those paths as globs, so a key
+    holding one (never a name eventspark writes: `with_node` encodes them) would remove every key
+    it matches: such keys are skipped, with a warning. A filesystem that stops at a missing path
+    (`file://`: another node removed it first) goes on one by one, missing ones skipped."""
+    plain = [path for path in paths if not GLOB_CHARACTERS.search(path)]
+    for path in paths:
+        if GLOB_CHARACTERS.search(path):
+            log.warning("log.remote: %s holds a glob character (*, ? or [): not removed, remove it by hand", path)
+    if not plain:
+        return
+    try:
+        fs.rm(plain)
+    except FileNotFoundError:
+        for path in plain:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(path)

@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from eventspark.config.models import RemoteLogs
-from eventspark.logs.remote import atomic_puts, remote_filesystem
+from eventspark.logs.remote import atomic_puts, remote_filesystem, remove_listed
 from eventspark.logs.retention import DAY_SEC, GIB, MIN_AGE_SEC, Removed, RetentionResult
 from eventspark.logs.store import failed_copy_location
 from eventspark.ops.fallback import FAILED_DIR
@@ -71,7 +71,7 @@ def remote_archive_retention(
     result = RetentionResult(REMOTE_ARCHIVE, size, len(objects) + kept, kept=kept)
     chosen = _choose(objects, size, days, max_gb, now)
     if chosen:
-        _remove_all(fs, [found.path for found, _why in chosen])
+        remove_listed(fs, [found.path for found, _why in chosen])
         for found, why in chosen:
             name = found.path[len(root) + 1 :]
             result.removed.append(Removed(name, found.size, 1, why))
@@ -189,7 +189,7 @@ def remove_failed_copies(remote: RemoteLogs, log_path: Path, node: str, removed:
         return result
     _write_pending(log_path, names)  # before the deletes: a crash or a dead store retries them
     fs, root = remote_filesystem(remote)
-    _remove_all(fs, [failed_copy_location(root, node, name) for name in names])
+    remove_listed(fs, [failed_copy_location(root, node, name) for name in names])
     _write_pending(log_path, [])
     for name in names:
         result.removed.append(Removed(f"{FAILED_DIR}/{node}/{name}", 0, 1, "removed from the local failed/"))
@@ -224,17 +224,3 @@ def _write_pending(log_path: Path, names: list[str]) -> None:
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     tmp.write_bytes(orjson.dumps({"failed": names}))
     os.replace(tmp, target)
-
-
-# --- shared ---------------------------------------------------------------------------------------
-
-
-def _remove_all(fs: Any, paths: list[str]) -> None:
-    """One bulk delete; a filesystem that stops at a missing path (`file://`: another node removed
-    it first) is done one by one, missing ones skipped."""
-    try:
-        fs.rm(paths)
-    except FileNotFoundError:
-        for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm_file(path)

@@ -34,7 +34,7 @@ from isal import igzip
 from eventspark.config.models import Config, RemoteLogs
 from eventspark.logs.archive import COPY_CHUNK, archive_log
 from eventspark.logs.incoming import GLOB_CHARACTERS
-from eventspark.logs.remote import atomic_puts, remote_filesystem
+from eventspark.logs.remote import atomic_puts, remote_filesystem, remove_listed
 from eventspark.logs.replay import replay_destination
 from eventspark.logs.rotated import rotated_logs, rotated_token
 from eventspark.logs.status import STATUS_SUFFIX, LogStatus, parse_status, read_status, status_to_json, write_status
@@ -344,11 +344,7 @@ class RemoteStore:
         self._remove_all([logfile.location + STATUS_SUFFIX for logfile in logs])
 
     def _remove_all(self, locations: list[str]) -> None:
-        try:
-            self.fs.rm(locations)
-        except FileNotFoundError:  # a filesystem (`file://`) stops at a missing one: one by one
-            for location in locations:
-                self._remove(location)
+        remove_listed(self.fs, locations)  # listed logs hold no glob character (`rotated`): none skipped
 
     def park_claims(self) -> ParkClaims:
         """Claims of this node's parked failed-event groups (`ParkClaims`)."""
@@ -445,7 +441,7 @@ class ParkClaims:
         ]
         if others:
             log.info("log.remote: %d failed-event group(s) parked by passes cut short superseded", len(others))
-            _remove_keys(self.fs, others)
+            remove_listed(self.fs, others)
 
     def held(self, group: Any) -> bool:
         """Whether `group`'s claim is still there (listed once per instance: one pass; `refresh`
@@ -468,7 +464,7 @@ class ParkClaims:
         try:
             keys = [key for key in self._listing() if key.rpartition("@")[2] in ids]
             if keys:
-                _remove_keys(self.fs, keys)
+                remove_listed(self.fs, keys)
         except Exception as exc:
             log.warning("log.remote: claims of %d failed-event group(s) not released: %s", len(ids), exc)
 
@@ -482,16 +478,6 @@ class ParkClaims:
     def _pair(self, log_name: str, dest_id: str, table: str) -> str:
         segments = (_key_segment(log_name), _key_segment(dest_id), "t=" + quote(table, safe=""))
         return "/".join((self.folder, *segments))
-
-
-def _remove_keys(fs: Any, keys: list[str]) -> None:
-    """Bulk delete; a filesystem (`file://`) that stops at a missing key goes on one by one."""
-    try:
-        fs.rm(keys)
-    except FileNotFoundError:
-        for key in keys:
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm_file(key)
 
 
 LogStore = LocalStore | RemoteStore
