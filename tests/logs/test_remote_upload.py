@@ -121,6 +121,32 @@ def test_remote_url_needs_a_protocol() -> None:
         RemoteLogs(url="s3://bucket/events[1]")
 
 
+def test_a_url_with_credentials_is_shown_without_them(tmp_path: Path) -> None:
+    # Review: the URL went as written into lock keys, errors, status output and logs.
+    from eventspark.batch.process import PassBusy, remote_pass_lock
+    from eventspark.commands.status import read_store
+    from eventspark.coordination import MemoryCoordination
+    from eventspark.logs.store import RemoteReader, remote_lock_name
+
+    remote = RemoteLogs(url="sftp://user:s3cr3t@files.example:2222/events")
+    assert remote.shown_url == "sftp://files.example:2222/events"
+    assert remote_lock_name(remote) == "batch-pass:sftp://files.example:2222/events"
+    assert RemoteLogs(url="s3://bucket/a@b").shown_url == "s3://bucket/a@b"  # an `@` in the path stays
+    coordination = MemoryCoordination("node-a")
+    with (
+        coordination.lock(remote_lock_name(remote)),
+        pytest.raises(PassBusy) as busy,
+        remote_pass_lock(coordination, remote),
+    ):
+        pass
+    dead = {"url": "sftp://user:s3cr3t@127.0.0.1:1/events", "storage_options": {"timeout": 1}}
+    backlog = read_store(make_config(tmp_path, dead), timeout=10).to_json()
+    shown = [str(busy.value), repr(remote), str(remote), repr(RemoteReader(remote.url)), orjson.dumps(backlog).decode()]
+    assert backlog["url"] == "sftp://127.0.0.1:1/events" and backlog["error"]
+    for text in shown:
+        assert "s3cr3t" not in text and "user" not in text, text
+
+
 # --- uploads ----------------------------------------------------------------------------------------
 
 

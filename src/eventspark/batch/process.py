@@ -79,7 +79,7 @@ def remote_pass_lock(coordination: Coordination, remote: RemoteLogs) -> Iterator
         if exc.name != name:  # a table's lock, inside the pass
             raise
         holder = exc.holder or "holder unknown"
-        raise PassBusy(f"another node runs the batch pass over {remote.url} ({holder})") from None
+        raise PassBusy(f"another node runs the batch pass over {remote.shown_url} ({holder})") from None
 
 
 def pass_fence(handle: LockHandle) -> Callable[[str], None]:
@@ -105,7 +105,7 @@ def upload_local_logs(config: Config) -> None:
 
     uploaded = upload_rotated(config)
     if uploaded:
-        log.info("%d rotated log(s) uploaded to %s", len(uploaded), config.log.remote.url)
+        log.info("%d rotated log(s) uploaded to %s", len(uploaded), config.log.remote.shown_url)
 
 
 def run_pass(

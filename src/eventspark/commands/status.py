@@ -214,7 +214,7 @@ def read_store(config: Config, timeout: float) -> StoreBacklog:
     thread, so a store that never answers (a black-holed endpoint, retries of its client) cannot
     keep `status` from printing what this node knows, nor from exiting."""
     assert config.log.remote is not None
-    url = config.log.remote.url
+    url = config.log.remote.shown_url
     answer: list[StoreBacklog | BaseException] = []
 
     def work() -> None:
@@ -244,7 +244,7 @@ def _store_backlog(config: Config) -> StoreBacklog:
     statuses = store.read_statuses(logs)
     batch = {d: dest for d, dest in config.destinations.items() if dest.mode == "batch"}
     _secrets, token_dests, default = token_routes(config.api_keys, batch)
-    found = StoreBacklog(config.log.remote.url, {dest_id: Waiting() for dest_id in batch})
+    found = StoreBacklog(config.log.remote.shown_url, {dest_id: Waiting() for dest_id in batch})
     for logfile in logs:
         name = parse_log_name(logfile.name)
         replay = replay_destination(logfile.name) if name is None else None

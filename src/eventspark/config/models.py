@@ -150,12 +150,25 @@ class ServerConfig(Section):
     destinations_reload_sec: float = Field(default=5, gt=0, description="reload period of destinations given as a URL")
 
 
+def without_credentials(url: str) -> str:
+    """`url` without its `user:password@` (or `user@`) part: what logs, errors, lock names and
+    status output show of `log.remote.url` (`sftp://user:pw@host/path` → `sftp://host/path`)."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if not sep or "@" not in authority:
+        return url
+    return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
+
+
 class RemoteLogs(Section):
     """`log.remote`: rotated logs, their status files, the archive and failed files on object
     storage (any fsspec URL: `s3://bucket/prefix`, `gs://…`, `file:///…`), so that collector
     nodes and a Spark cluster share no filesystem (`eventspark.logs.remote`)."""
 
-    url: str = Field(description="fsspec URL of the folder, e.g. s3://bucket/prefix")
+    url: str = Field(
+        description="fsspec URL of the folder, e.g. s3://bucket/prefix",
+        repr=False,  # may hold user:password (sftp://…): reprs show `shown_url`
+    )
     storage_options: dict[str, Any] = Field(
         default_factory=dict,
         description="fsspec's options of the URL's filesystem, e.g. key, secret, endpoint_url",
@@ -173,6 +186,15 @@ class RemoteLogs(Section):
         if any(char in url for char in "*?["):  # fsspec reads them as globs in every key under it
             raise ValueError("must not hold *, ? or [ (fsspec reads them as globs)")
         return url.strip().rstrip("/")
+
+    @property
+    def shown_url(self) -> str:
+        """The URL as logs, errors, lock names and status output show it: no credentials."""
+        return without_credentials(self.url)
+
+    def __repr_args__(self) -> Any:
+        yield "url", self.shown_url
+        yield from super().__repr_args__()
 
 
 class LogConfig(Section):

@@ -49,7 +49,7 @@ def remote_filesystem(remote: RemoteLogs) -> tuple[Any, str]:
     try:
         fs, root = url_to_fs(remote.url, **remote.storage_options)
     except (ImportError, ValueError) as exc:  # e.g. s3fs missing for s3://
-        raise RemoteUnavailable(f"log.remote {remote.url!r}: {exc}") from exc
+        raise RemoteUnavailable(f"log.remote {remote.shown_url!r}: {exc}") from exc
     return fs, root.rstrip("/")
 
 
@@ -70,7 +70,7 @@ def require_remote(remote: RemoteLogs) -> None:
         get_filesystem_class(protocol)
     except (ImportError, ValueError) as exc:
         hint = f": pip install 'eventspark[{extra}]'" if protocol in EXTRAS else ""
-        raise RemoteUnavailable(f"log.remote {remote.url!r}: {exc}{hint}") from exc
+        raise RemoteUnavailable(f"log.remote {remote.shown_url!r}: {exc}{hint}") from exc
 
 
 def remote_path(root: str, *parts: str) -> str:

@@ -31,7 +31,7 @@ from urllib.parse import quote
 import orjson
 from isal import igzip
 
-from eventspark.config.models import Config, RemoteLogs
+from eventspark.config.models import Config, RemoteLogs, without_credentials
 from eventspark.logs.archive import COPY_CHUNK, archive_log
 from eventspark.logs.incoming import GLOB_CHARACTERS
 from eventspark.logs.remote import atomic_puts, remote_filesystem, remove_listed
@@ -69,8 +69,11 @@ _filesystems: dict[tuple[str, bytes], Any] = {}
 class RemoteReader:
     """What an executor needs to reach `log.remote`: picklable, shipped in the job's plan."""
 
-    url: str
+    url: str = field(repr=False)  # may hold user:password: the repr shows it without
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)  # holds the store's keys
+
+    def __repr__(self) -> str:
+        return f"RemoteReader(url={without_credentials(self.url)!r})"
 
     def filesystem(self) -> Any:
         key = (self.url, orjson.dumps(self.storage_options, option=orjson.OPT_SORT_KEYS, default=str))
@@ -495,7 +498,7 @@ def log_store(config: Config) -> LogStore:
 
 def remote_lock_name(remote: RemoteLogs) -> str:
     """The coordination lock of the passes over `remote`: one pass at a time per cluster."""
-    return f"batch-pass:{remote.url.rstrip('/')}"
+    return f"batch-pass:{remote.shown_url.rstrip('/')}"  # a lock key is shown: no credentials
 
 
 def _key_segment(name: str) -> str:
