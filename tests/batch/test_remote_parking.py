@@ -38,6 +38,13 @@ def nodes(tmp_path: Path, remote: dict[str, Any], pg: dict[str, Any]) -> tuple[A
     )
 
 
+def after_a_bigint_column(spark: Any, node: Any, events: list[dict[str, Any]]) -> None:
+    """A first pass makes t.n a bigint; then `events` wait on the store for the next one."""
+    put_remote(node, [event("0", n=0)])
+    assert run(spark, node).ok
+    put_remote(node, events)
+
+
 def claims_left(loaded: Any) -> list[str]:
     fs, root = remote_filesystem(loaded.config.log.remote)
     fs.invalidate_cache()
@@ -95,9 +102,7 @@ def test_a_claim_is_released_when_its_group_is_appended(
     spark: Any, tmp_path: Path, remote: dict[str, Any], pg_datasource: dict[str, Any]
 ) -> None:
     a, _b = nodes(tmp_path, remote, pg_datasource)
-    put_remote(a, [event("0", n=0)])
-    assert run(spark, a).ok
-    put_remote(a, [event("1", n=1), event("2", n="not a number")])
+    after_a_bigint_column(spark, a, [event("1", n=1), event("2", n="not a number")])
 
     assert run(spark, a).ok
 
@@ -110,9 +115,7 @@ def test_a_node_back_under_another_name_still_appends_its_committed_pairs_failed
 ) -> None:
     # A pod restarted with a new host name keeps its disk: its claims are found by their groups.
     a, b = nodes(tmp_path, remote, pg_datasource)
-    put_remote(a, [event("0", n=0)])
-    assert run(spark, a).ok
-    put_remote(a, [event("1", n=1, added="x"), event("2", n="not a number")])
+    after_a_bigint_column(spark, a, [event("1", n=1, added="x"), event("2", n="not a number")])
     with pytest.raises(SystemExit):  # committed, then died: only A's parked copy knows the misfit
         run(spark, a, fault=crash_at("committed"))
     assert run(spark, b).ok
@@ -131,9 +134,7 @@ def test_a_rerun_without_failures_supersedes_the_claims_of_a_pass_cut_short(
     # as another config's pass may), so B loads every event and has no failure to park: its
     # outcome still supersedes A's claim, or A, back, would append an event that is in the table.
     a, b = nodes(tmp_path, remote, pg_datasource)
-    put_remote(a, [event("0", n=0)])
-    assert run(spark, a).ok
-    put_remote(a, [event("1", n=1, added="x"), event("2", n="not a number")])
+    after_a_bigint_column(spark, a, [event("1", n=1, added="x"), event("2", n="not a number")])
     with pytest.raises(SystemExit):
         run(spark, a, fault=crash_at("staged"))
     schema = pg_datasource["schema"]
