@@ -87,3 +87,21 @@ def test_an_executor_task_keeps_arenas() -> None:
     )
     compiled("arenas")
     subprocess.run([sys.executable, "-c", script], check=True)
+
+
+def test_the_arena_size_is_learned_from_an_arena_not_a_frame_stack() -> None:
+    # The interpreter frees its frame stacks (16 KiB) through the same allocator: a deep call
+    # returning before the first arena is freed must not make the cache keep 16 KiB blocks only.
+    script = (
+        "from eventspark.speedups import _arenas\n"
+        "assert _arenas.install(128)\n"
+        "def deep(n):\n"
+        "    return 0 if n == 0 else deep(n - 1) + 1\n"
+        "deep(900)\n"
+        "rows = [str(i) * 4 for i in range(300_000)]\n"
+        "del rows\n"
+        "stats = _arenas.stats()\n"
+        "assert stats['arena_size'] >= 256 * 1024 and stats['kept'] > 0, stats\n"
+    )
+    compiled("arenas")
+    subprocess.run([sys.executable, "-c", script], check=True)

@@ -15,9 +15,17 @@ one size the interpreter uses, so a kept arena is interchangeable with a new one
 leaves the cache goes back through the interpreter's own `free` with its size. pymalloc does not
 rely on an arena's memory being zeroed (it formats each pool as it first uses it).
 
+The interpreter sends other blocks through the same allocator (its frame stacks, 16 KiB on 3.11):
+only blocks of at least `_MIN_ARENA` bytes are taken for arenas, so the cache learns the arena
+size from the first arena freed, whatever was freed before it.
+
 pymalloc calls the arena allocator with the GIL held (it is not thread-safe), so the cache needs
-no lock of its own. A free-threaded build (3.13t) uses mimalloc and never calls it.
+no lock of its own, in a process with one GIL: a free-threaded build calls it without one (its
+threads' frame stacks), so `install` refuses to run there; subinterpreters with GILs of their own
+(3.12+) would share it too, and executors run none.
 """
+
+import sys
 
 from libc.stdlib cimport malloc
 
@@ -38,6 +46,7 @@ cdef size_t _capacity = 0
 cdef size_t _size = 0  # the arena size, learned from the first free
 cdef size_t _reused = 0
 cdef size_t _returned = 0
+cdef size_t _MIN_ARENA = 256 * 1024  # pymalloc's arenas: 256 KiB before 3.10, 1 MiB since
 
 
 cdef void* _alloc(void *ctx, size_t size) noexcept nogil:
@@ -51,7 +60,7 @@ cdef void* _alloc(void *ctx, size_t size) noexcept nogil:
 
 cdef void _free(void *ctx, void *ptr, size_t size) noexcept nogil:
     global _count, _size, _returned
-    if _size == 0:
+    if _size == 0 and size >= _MIN_ARENA:
         _size = size
     if _count < _capacity and size == _size:
         _kept[_count] = ptr
@@ -67,6 +76,8 @@ def install(size_t capacity) -> bool:
     global _kept, _capacity
     if _kept != NULL or capacity == 0:
         return False
+    if hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled():
+        return False  # no GIL to keep the cache's updates apart (module docstring)
     _kept = <void**>malloc(capacity * sizeof(void*))
     if _kept == NULL:
         return False

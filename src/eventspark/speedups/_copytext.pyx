@@ -499,7 +499,8 @@ cdef enum:
     _NUMERIC_POS = 0x0000
     _NUMERIC_NEG = 0x4000
     _MAX_REPR = 32  # digits in a double's shortest repr (17) with room to spare
-    _USECS_PER_DAY = 86400000000
+
+cdef long long _USECS_PER_DAY = 86400000000LL  # beyond an enum's int
 
 
 cdef int _put_numeric(Buffer *buf, double value) except -1:
