@@ -22,8 +22,15 @@ from tests.emulators.s3 import S3_KEY_ID, S3_REGION, S3_SECRET
 pytestmark = pytest.mark.timeout(120)
 
 DAY = 86400.0
-LATER = time.time() + 600  # "now" for the policy: what the test just put is not "written in the last minute"
-TODAY = datetime.fromtimestamp(LATER, UTC).date()
+
+
+def later() -> float:
+    """ "now" for the policy: what the test just put is not "written in the last minute". Taken
+    when the test runs, not when the module is imported: a suite of half an hour ran these tests
+    20 minutes after their import, when an import-time "now" was older than what they put."""
+    return time.time() + 600
+
+
 INCOMING_LOG = "incoming/incoming.tok=web|n=node-a-2020-01-01T00-00-00.000.log"
 
 
@@ -44,7 +51,7 @@ def file_remote(tmp_path: Path) -> RemoteLogs:
 
 
 def day(days_ago: int) -> str:
-    return (TODAY - timedelta(days=days_ago)).isoformat()
+    return (datetime.fromtimestamp(later(), UTC).date() - timedelta(days=days_ago)).isoformat()
 
 
 def put(remote: RemoteLogs, key: str, size: int) -> None:
@@ -80,14 +87,14 @@ def test_days_remove_whole_day_folders(store: str, tmp_path: Path, request: pyte
     else:
         remote = file_remote(tmp_path)
     plant_archive(remote)
-    result = remote_archive_retention(remote, 30, None, LATER)
+    result = remote_archive_retention(remote, 30, None, later())
     assert archive_days(remote) == [day(30), day(0)]
     assert {r.path.split("/")[1] for r in result.removed} == {day(40), day(31)}
     assert result.removed_files == 4 and result.removed_bytes == 4000
     assert {INCOMING_LOG, f"{INCOMING_LOG}.status", "archive/notes.txt"} <= keys(remote)
     if store == "file":  # emptied folders go on a filesystem (an object store has none)
         assert sorted(os.listdir(tmp_path / "store" / "archive")) == [day(30), day(0), "notes.txt"]
-    again = remote_archive_retention(remote, 30, None, LATER)  # another node, or the next run
+    again = remote_archive_retention(remote, 30, None, later())  # another node, or the next run
     assert again.removed == [] and archive_days(remote) == [day(30), day(0)]
 
 
@@ -95,7 +102,7 @@ def test_cap_removes_the_oldest_objects_first(moto_s3: str, s3_bucket: str) -> N
     remote = s3_remote(moto_s3, s3_bucket)
     plant_archive(remote)
     # 8,010 bytes in archive/; a cap of 3,500 bytes leaves the 3 newest archives (and the stray).
-    result = remote_archive_retention(remote, None, 3500 / GIB, LATER)
+    result = remote_archive_retention(remote, None, 3500 / GIB, later())
     assert result.size_before == 8010 and result.size_after == 3010
     assert {r.reason for r in result.removed} == {f"over the cap of {3500 / GIB:g} GiB"}
     left = {key for key in keys(remote) if key.startswith("archive/")}
@@ -128,7 +135,7 @@ def test_objects_removed_meanwhile_by_another_node(tmp_path: Path, monkeypatch: 
         return found
 
     monkeypatch.setattr(remote_retention, "_list_archive", listed_then_removed)
-    result = remote_archive_retention(remote, 30, None, LATER)
+    result = remote_archive_retention(remote, 30, None, later())
     assert result.removed_files == 4  # chosen from the listing; one was already gone
     assert archive_days(remote) == [day(30), day(0)]
 
