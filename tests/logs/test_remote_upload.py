@@ -331,6 +331,20 @@ def test_a_log_whose_upload_died_midway_goes_up_on_the_next_call(
     assert not path.exists() and os.listdir(path.parent) == [upload.LOCK_FILE]
 
 
+
+TAKEN = "incoming.tok=web|n=node-a-2026-11-22T10-00-00.123.log"
+
+
+def name_taken(tmp_path: Path, moto_s3: str, s3_bucket: str) -> tuple[Any, Any, str, Path]:
+    """A rotated log whose remote name another node's log (other content) holds already: the
+    config, an S3 client, that name, and the local log."""
+    config = make_config(tmp_path, s3_remote(moto_s3, s3_bucket))
+    client = s3_client(moto_s3)
+    client.put_object(Bucket=s3_bucket, Key=f"events/incoming/{TAKEN}", Body=b'{"other":1}\n')
+    path = write_log(tmp_path, rotated_log_name("web", AT), b'{"n":1}\n')
+    return config, client, TAKEN, path
+
+
 def test_a_log_that_moved_to_a_later_name_is_not_taken_for_the_archived_one(
     tmp_path: Path, moto_s3: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -338,11 +352,7 @@ def test_a_log_that_moved_to_a_later_name_is_not_taken_for_the_archived_one(
     # node's log (other content) and goes for a millisecond later, where every put fails. A pass
     # then archives the other node's log; the next call looked for the log under its first name,
     # found that one archived and removed the local log, which was never uploaded.
-    config = make_config(tmp_path, s3_remote(moto_s3, s3_bucket))
-    client = s3_client(moto_s3)
-    taken = "incoming.tok=web|n=node-a-2026-11-22T10-00-00.123.log"
-    client.put_object(Bucket=s3_bucket, Key=f"events/incoming/{taken}", Body=b'{"other":1}\n')
-    path = write_log(tmp_path, rotated_log_name("web", AT), b'{"n":1}\n')
+    config, client, taken, path = name_taken(tmp_path, moto_s3, s3_bucket)
     monkeypatch.setattr(upload, "BACKOFF_SEC", 0.01)
 
     def failing_put(*args: Any, **kwargs: Any) -> None:
@@ -366,11 +376,7 @@ def test_a_log_archived_under_its_later_name_is_found_there(
     tmp_path: Path, moto_s3: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The journal names the object the log went up as (a millisecond on), and only that one.
-    config = make_config(tmp_path, s3_remote(moto_s3, s3_bucket))
-    client = s3_client(moto_s3)
-    taken = "incoming.tok=web|n=node-a-2026-11-22T10-00-00.123.log"
-    client.put_object(Bucket=s3_bucket, Key=f"events/incoming/{taken}", Body=b'{"other":1}\n')
-    path = write_log(tmp_path, rotated_log_name("web", AT), b'{"n":1}\n')
+    config, client, _taken, path = name_taken(tmp_path, moto_s3, s3_bucket)
     real_unlink = os.unlink
 
     def dying_unlink(target: Any, *args: Any, **kwargs: Any) -> None:
