@@ -331,7 +331,6 @@ def test_a_log_whose_upload_died_midway_goes_up_on_the_next_call(
     assert not path.exists() and os.listdir(path.parent) == [upload.LOCK_FILE]
 
 
-
 TAKEN = "incoming.tok=web|n=node-a-2026-11-22T10-00-00.123.log"
 
 
