@@ -197,8 +197,10 @@ def test_passes_into_an_existing_table_write_it_directly_and_a_new_column_is_sta
     loaded = make_config(tmp_path, {"pg": postgres_destination(pg_datasource, template="t")})
     coordination = MemoryCoordination("test")
     created = put_log(tmp_path, [event(f"a{i}", n=i) for i in range(3)])
-    assert run_pass(loaded, coordination, session=spark).ok  # no table yet: staged, committed
-    assert markers(pg_schema) == {(created.name, "t")}
+    first = (f"{created.name}@0-{created.stat().st_size}", "t")
+    # No table yet: staged; the driver patches, the task's rows are committed with their split's marker.
+    assert run_pass(loaded, coordination, session=spark).ok
+    assert markers(pg_schema) == {first}
 
     direct = put_log(tmp_path, [event(f"b{i}", n=i) for i in range(4)] + [event("misfit", n="x")])
     size = direct.stat().st_size
@@ -206,7 +208,7 @@ def test_passes_into_an_existing_table_write_it_directly_and_a_new_column_is_sta
 
     assert result.ok and pair_counts(result) == (4, 1)
     # One split, written by its executor with its marker; no commit by the driver (no log marker).
-    assert markers(pg_schema) == {(created.name, "t"), (f"{direct.name}@0-{size}", "t")}
+    assert markers(pg_schema) == {first, (f"{direct.name}@0-{size}", "t")}
     assert not direct.exists()  # uploaded: archived
     assert [r[0] for r in pg_rows(pg_schema, "SELECT eventn_ctx_event_id FROM t ORDER BY 1")] == [
         "a0",
@@ -219,8 +221,10 @@ def test_passes_into_an_existing_table_write_it_directly_and_a_new_column_is_sta
     ]
 
     widened = put_log(tmp_path, [event("c0", n=1), event("c1", n=2, extra="new column")])
+    wide = (f"{widened.name}@0-{widened.stat().st_size}", "t")
     assert run_pass(loaded, coordination, session=spark).ok
-    assert (widened.name, "t") in markers(pg_schema)  # staged for the new column, committed by the driver
+    assert wide in markers(pg_schema)  # staged for the new column, committed with its split's marker
+    assert not {(name, table) for name, table in markers(pg_schema) if "@" not in name}  # no log marker
     assert pg_rows(pg_schema, "SELECT eventn_ctx_event_id, extra FROM t WHERE extra IS NOT NULL") == [
         ("c1", "new column")
     ]

@@ -27,9 +27,9 @@ def crash_at(point: str) -> Any:
     return crash
 
 
-def nodes(tmp_path: Path, remote: dict[str, Any], pg: dict[str, Any]) -> tuple[Any, Any]:
+def nodes(tmp_path: Path, remote: dict[str, Any], pg: dict[str, Any], **layout: Any) -> tuple[Any, Any]:
     """Two nodes of one cluster: their own log.path, the same store and Postgres schema."""
-    destinations = {"pg": postgres_destination(pg, "t")}
+    destinations = {"pg": postgres_destination(pg, "t", **layout)}
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     return (
@@ -61,8 +61,10 @@ def pending(root: Path) -> list[Path]:
     [
         # A new column: rows staged, A dies before its commit; B loads them and spools the misfit again.
         (True, "staged", True),
-        # A new column: A commits (a load marker), then dies; B finds the pair settled: A's copy.
-        (True, "committed", False),
+        # A new column: A patches and commits the task's rows (a split marker, `batch.commits`),
+        # then dies before its statuses; B's pass spools the misfit again for the unsettled pair
+        # (the split is done): B's copy.
+        (True, "committed", True),
         # Rows that fit: executors write splits directly (split markers); A dies before its
         # statuses; B's pass spools the misfit again for the unsettled pair: B's copy.
         (False, "committed", True),
@@ -114,12 +116,16 @@ def test_a_node_back_under_another_name_still_appends_its_committed_pairs_failed
     spark: Any, tmp_path: Path, remote: dict[str, Any], pg_datasource: dict[str, Any]
 ) -> None:
     # A pod restarted with a new host name keeps its disk: its claims are found by their groups.
-    a, b = nodes(tmp_path, remote, pg_datasource)
+    # A primary key: the pair is committed whole with its log's marker (no split markers, so B's
+    # pass finds the pair settled and does not read the log again).
+    keyed = {"primary_key_fields": ["eventn_ctx_event_id"]}
+    a, b = nodes(tmp_path, remote, pg_datasource, **keyed)
     after_a_bigint_column(spark, a, [event("1", n=1, added="x"), event("2", n="not a number")])
     with pytest.raises(SystemExit):  # committed, then died: only A's parked copy knows the misfit
         run(spark, a, fault=crash_at("committed"))
     assert run(spark, b).ok
-    renamed = remote_config(tmp_path / "a", remote, {"pg": postgres_destination(pg_datasource, "t")}, node="node-a2")
+    destinations = {"pg": postgres_destination(pg_datasource, "t", **keyed)}
+    renamed = remote_config(tmp_path / "a", remote, destinations, node="node-a2")
 
     assert run(spark, renamed).ok
 

@@ -35,8 +35,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eventspark.batch.commits import TaskUnit, UnitCommit, commit_units
 from eventspark.batch.failed_events import FailedEvents
-from eventspark.batch.load import Deferred, Fault, PairLoad, commit_objects, load_pair
+from eventspark.batch.load import (
+    LOAD_ERRORS,
+    Deferred,
+    Fault,
+    PairLoad,
+    commit_objects,
+    load_failure,
+    load_pair,
+    patch_pair,
+)
 from eventspark.batch.partition import NO_TABLE, process_splits
 from eventspark.batch.plan import DEFAULT_CHUNK_ROWS, JobPlan, token_routes
 from eventspark.batch.results import TaskResult
@@ -53,6 +63,7 @@ from eventspark.destinations.base import (
     new_job_id,
 )
 from eventspark.destinations.registry import destination_type
+from eventspark.destinations.sync import LOCK_TIMEOUT, table_lock
 from eventspark.logs.replay import replay_destination
 from eventspark.logs.rotated import rotated_token
 from eventspark.logs.status import (
@@ -186,6 +197,9 @@ class _Reached:
     split_markers: set[tuple[str, str]] = field(default_factory=set)
     """(split key, table) of the per-split load markers of the job's logs (`loaded_splits`); of a
     destination that cannot be reached, the splits the status files record (`_recorded`)."""
+    task_commits: bool = False
+    """Its staged rows are committed per task (`batch.commits`): no primary key, and the
+    destination can (`Capabilities.task_commits`)."""
 
     @property
     def connected(self) -> bool:
@@ -218,6 +232,9 @@ class BatchJob:
         """With `log.remote`: called with the name of each step that changes shared state before
         it runs; raises when the cluster's pass lock was lost (`batch.process.pass_fence`)."""
         self._staged: set[str] = set()
+        self._commit_workers = 1
+        """Connections committing task units at once (`batch.commits`): `spark.commit_connections`,
+        else the Spark job's parallelism (set by `_execute`)."""
 
     def run(self, session: Any, logs: list[Path] | list[LogFile]) -> JobResult:
         """One pass over `logs`: rotated logs under `log.path` (Paths), or as the store lists them."""
@@ -455,6 +472,7 @@ class BatchJob:
             stages={dest_id: part.stage for dest_id, part in staged.items() if part.stage is not None},
             objects={dest_id: part.objects for dest_id, part in reached.items() if part.objects is not None},
             direct={dest_id: part.direct for dest_id, part in direct.items() if part.direct is not None},
+            task_commits=frozenset(dest_id for dest_id, part in staged.items() if part.task_commits),
             sql_types={dest_id: part.sql_types for dest_id, part in checked.items()},
             split_done=_split_done(reached, splits),
             geo_path=self.config.geo.maxmind_path,
@@ -575,12 +593,14 @@ class BatchJob:
             name: {column: adapter.data_type_of(sql_type) for column, sql_type in table.columns.items()}
             for name, table in tables.items()
         }
-        if adapter.capabilities.direct_writes:
-            # Splits a direct write committed before a crash: not written again, whatever the config says now.
+        caps = adapter.capabilities
+        if caps.direct_writes or caps.task_commits:
+            # Splits committed with their markers before a crash: not written again, whatever the config says now.
             part.split_markers = adapter.loaded_splits(dest_id, names)
-            if not keys:  # keyed rows stay staged: the commit orders upserts across splits
-                part.direct = adapter.direct_target(job_id)
-                part.sql_types = {name: dict(t.columns) for name, t in tables.items() if not t.primary_keys}
+        part.task_commits = caps.task_commits and not keys  # keyed rows: one commit orders upserts across splits
+        if caps.direct_writes and not keys:  # keyed rows stay staged: the commit orders upserts across splits
+            part.direct = adapter.direct_target(job_id)
+            part.sql_types = {name: dict(t.columns) for name, t in tables.items() if not t.primary_keys}
         section = recognition_of(self.config, dest)
         if section is not None:
             part.recognition = (section.anonymous_id_node, tuple(section.nodes()))
@@ -601,6 +621,7 @@ class BatchJob:
         # so one task: `parallelize` alone would cut by count. Each split still commits alone
         # (markers, memory). Only each task's TaskResult comes back to the driver.
         groups = group_splits(plan.splits, context.defaultParallelism, TASKS_PER_CORE)
+        self._commit_workers = self.config.spark.commit_connections or context.defaultParallelism
         if not groups:
             return _Collected()
         results = context.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
@@ -619,13 +640,15 @@ class BatchJob:
         self, collected: _Collected, adapters: dict[str, DestinationAdapter], result: JobResult
     ) -> dict[tuple[str, str], str]:
         outcomes: dict[tuple[str, str], str] = {}
-        max_default = self.config.server.max_columns
+        in_tasks: list[tuple[str, str]] = []
         for key in sorted(collected.pairs):
             pair = collected.pairs[key]
             dest = self.config.destinations[pair.dest_id]
             keys = tuple(dest.data_layout.primary_key_fields)
-            max_columns = dest.data_layout.max_columns or max_default
             adapter = adapters[pair.dest_id]
+            if pair.units and not pair.error and _units_cover(pair):
+                in_tasks.append(key)  # patched, then committed per task: `_commit_in_tasks`
+                continue
             if pair.error:
                 error = pair.error
             elif adapter.capabilities.stage == "objects":
@@ -637,13 +660,62 @@ class BatchJob:
                 error = ""
             else:
                 self._fenced(f"the commit of {pair.dest_id}.{pair.table}")
-                unmapped = UnmappedRule.of(dest.data_layout, max_columns)
+                max_columns, unmapped = self._column_rules(dest)
                 error = load_pair(adapter, self.coordination, pair, keys, max_columns, self.fault, unmapped)
             outcomes[key] = error
             result.pair(*key).error = error
             if self.fault is not None:
                 self.fault("pair committed")
+        if in_tasks:
+            self._commit_in_tasks(collected, adapters, in_tasks, outcomes)
+            for key in in_tasks:
+                result.pair(*key).error = outcomes[key]
         return outcomes
+
+    def _column_rules(self, dest: Any) -> tuple[int, UnmappedRule | None]:
+        """The destination's maximum of columns and its rule for the fields past it."""
+        max_columns = dest.data_layout.max_columns or self.config.server.max_columns
+        return max_columns, UnmappedRule.of(dest.data_layout, max_columns)
+
+    def _commit_in_tasks(
+        self,
+        collected: _Collected,
+        adapters: dict[str, DestinationAdapter],
+        keys: list[tuple[str, str]],
+        outcomes: dict[tuple[str, str], str],
+    ) -> None:
+        """Task commits (`batch.commits`): every pair's table patched under its lock, in order,
+        then the units of all of them committed in parallel while the locks are held (a commit
+        casts to the types the patch left); the splits of the units that committed are noted as
+        written (`_record_written`). A pair's outcome is the first failure of its units."""
+        units: list[UnitCommit] = []
+        with contextlib.ExitStack() as held:
+            for key in keys:
+                pair = collected.pairs[key]
+                self._fenced(f"the commit of {pair.dest_id}.{pair.table}")
+                max_columns, unmapped = self._column_rules(self.config.destinations[pair.dest_id])
+                try:
+                    held.enter_context(self.coordination.lock(table_lock(*key), LOCK_TIMEOUT))
+                    table = patch_pair(adapters[pair.dest_id], self.coordination, pair, (), max_columns, unmapped)
+                    if self.fault is not None:
+                        self.fault("staged")
+                except LOAD_ERRORS as exc:
+                    outcomes[key] = load_failure(pair, exc)
+                    continue
+                units += [UnitCommit(pair.dest_id, table, unit) for unit in pair.units]
+            self._fenced("the task commits")
+            commit_units(units, self.config.destinations, self.events_dir, self._commit_workers, self.fault)
+        for item in units:
+            key = (item.dest_id, item.table.name)
+            if item.error:
+                outcomes.setdefault(key, item.error)
+                continue
+            for split in item.unit.splits:
+                collected.written[split_range(split)[0], item.dest_id, item.table.name].add(split)
+        for key in keys:
+            outcomes.setdefault(key, "")
+            if self.fault is not None:
+                self.fault("pair committed")
 
     def _settle(
         self,
@@ -830,6 +902,10 @@ def _fold(collected: _Collected, result: TaskResult) -> None:
         pair = _pair(collected, staged.dest_id, staged.table)
         pair.chunks.append(staged.chunk)
         pair.header.merge(staged.header)
+    for (dest_id, table), splits in result.staged_splits.items():
+        chunks = [s.chunk for s in result.staged if s.dest_id == dest_id and s.table == table]
+        if chunks:  # else none was written: the pair failed (`TaskResult.errors`)
+            _pair(collected, dest_id, table).units.append(TaskUnit(chunks, splits))
     for direct in result.direct:
         for table in direct.rows:
             _pair(collected, direct.dest_id, table)  # no chunks: nothing to commit (`_load`)
@@ -837,6 +913,16 @@ def _fold(collected: _Collected, result: TaskResult) -> None:
     collected.samples += [sample for _file, _dest_id, sample in result.samples]
     for dest_id, seen in result.sightings.items():
         collected.sightings.setdefault(dest_id, Sightings()).merge(seen)
+
+
+def _units_cover(pair: PairLoad) -> bool:
+    """Whether the task units of a pair hold every chunk staged for it; else (a bug) the pair is
+    committed whole on the driver, as without task commits, rather than lose a chunk."""
+    if sum(len(unit.chunks) for unit in pair.units) == len(pair.chunks):
+        return True
+    log.error("destination %s, table %s: task units miss staged chunks: committed whole", pair.dest_id, pair.table)
+    pair.units = []
+    return False
 
 
 def _pair(collected: _Collected, dest_id: str, table: str) -> PairLoad:

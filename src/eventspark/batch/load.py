@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from eventspark.batch.commits import TaskUnit
 from eventspark.coordination import Coordination, CoordinationError
 from eventspark.destinations.base import DestinationAdapter, DestinationError, Load, StagedChunk
 from eventspark.destinations.sync import LOCK_TIMEOUT, sync_table, table_lock
@@ -40,6 +41,8 @@ class PairLoad:
     files: set[str] = field(default_factory=set)
     error: str = ""
     """Set when an executor could not stage its rows: the pair is not committed this pass."""
+    units: list[TaskUnit] = field(default_factory=list)
+    """With task commits (`batch.commits`): the chunks of each task, and the splits they hold."""
 
 
 def load_pair(
@@ -53,23 +56,45 @@ def load_pair(
 ) -> str:
     """Patches and loads the pair; returns '' on success, else the reason it failed (retried with
     the destination's retry policy), or a `Deferred` reason (loaded again by the next pass)."""
-    lock = table_lock(pair.dest_id, pair.table)
-    wanted = table_from_header(pair.header, adapter.dialect.column_type, primary_keys)
     try:
         # The lock covers the commit too: a commit casts to the types the patch left.
-        with coordination.lock(lock, LOCK_TIMEOUT):
-            target = sync_table(adapter, coordination, lock, wanted, max_columns, unmapped).table
+        with coordination.lock(table_lock(pair.dest_id, pair.table), LOCK_TIMEOUT):
+            target = patch_pair(adapter, coordination, pair, primary_keys, max_columns, unmapped)
             if fault is not None:
                 fault("staged")
             load = Load(pair.dest_id, target, pair.chunks, sorted(pair.files), ordered=bool(primary_keys))
             adapter.commit(load)
-    except LoadDeferred as exc:
+    except LOAD_ERRORS as exc:
+        return load_failure(pair, exc)
+    return ""
+
+
+LOAD_ERRORS = (LoadDeferred, DestinationError, CoordinationError, ColumnLimitError, ValueError)
+"""What patching or committing a pair raises for a reason of its own (`load_failure`)."""
+
+
+def patch_pair(
+    adapter: DestinationAdapter,
+    coordination: Coordination,
+    pair: PairLoad,
+    primary_keys: tuple[str, ...],
+    max_columns: int,
+    unmapped: UnmappedRule | None = None,
+) -> Table:
+    """Patches the pair's table to hold every row the executors staged (the caller holds its
+    lock, `table_lock`); returns the table as it is after the patch. Raises `LOAD_ERRORS`."""
+    wanted = table_from_header(pair.header, adapter.dialect.column_type, primary_keys)
+    lock = table_lock(pair.dest_id, pair.table)
+    return sync_table(adapter, coordination, lock, wanted, max_columns, unmapped).table
+
+
+def load_failure(pair: PairLoad, exc: Exception) -> str:
+    """The pair's outcome for one of `LOAD_ERRORS`: a `Deferred` reason, or the failure's."""
+    if isinstance(exc, LoadDeferred):
         log.info("destination %s, table %s: %s", pair.dest_id, pair.table, exc)
         return Deferred(str(exc))
-    except (DestinationError, CoordinationError, ColumnLimitError, ValueError) as exc:
-        log.warning("destination %s, table %s: %s", pair.dest_id, pair.table, exc)
-        return str(exc)
-    return ""
+    log.warning("destination %s, table %s: %s", pair.dest_id, pair.table, exc)
+    return str(exc)
 
 
 def commit_objects(adapter: DestinationAdapter, pair: PairLoad) -> str:

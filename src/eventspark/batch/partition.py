@@ -150,6 +150,11 @@ class PartitionTask:
         # Events held for destinations with a transform (`defer`): their line and line number.
         self.deferred: dict[tuple[str, str], list[tuple[dict[str, Any], bytes, int]]] = {}
         self.deferred_count = 0
+        # Task commits (`plan.task_commits`): rows staged per (destination, table), flushed and at
+        # the last split's end, and the splits that added some (`note_staged_splits`).
+        self.flushed: dict[tuple[str, str], int] = {}
+        self.staged_totals: dict[tuple[str, str], int] = {}
+        self.staged_splits: dict[tuple[str, str], list[str]] = {}
 
     def chain(self, dest_id: str) -> DestinationChain:
         chain = self.chains.get(dest_id)
@@ -470,6 +475,9 @@ class PartitionTask:
             cast(ObjectBuffer, buffer).spill()  # written whole at the end of the split
             return
         count = len(buffer)
+        if count and self.plan.task_commits:
+            key = (dest_id, buffer.table)
+            self.flushed[key] = self.flushed.get(key, 0) + count
         json_lines = buffer.lines is not None
         if json_lines:
             columns, data, header = buffer.take_json()
@@ -501,6 +509,8 @@ class PartitionTask:
         the split's log (files destinations), one per destination and table."""
         if self.deferred_count:
             self.run_deferred()
+        if self.plan.task_commits:
+            self.note_staged_splits()
         if self.split_targets:
             self.write_direct(split)
         if not self.object_buffers:
@@ -521,6 +531,18 @@ class PartitionTask:
                 self.errors[dest_id, table] = _writing_error(exc)
                 continue
             self.chunks.append(StagedResult(dest_id, table, chunk, header))
+
+    def note_staged_splits(self) -> None:
+        """Task commits: the split being read is one of those whose rows the task's chunks of a
+        (destination, table) hold when it staged some of its rows there: a marker each, committed
+        with the chunks. Counted per buffer (staged and flushed), never per row."""
+        for key, buffer in self.buffers.items():
+            if key[0] not in self.plan.task_commits:
+                continue
+            total = self.flushed.get(key, 0) + len(buffer)
+            if total > self.staged_totals.get(key, 0):
+                self.staged_totals[key] = total
+                self.staged_splits.setdefault(key, []).append(self.split_key)
 
     def write_direct(self, split: Split) -> None:
         """Writes the rows the split kept for each destination (DIRECT tables), then forgets the
@@ -566,6 +588,8 @@ class PartitionTask:
         """Stages what is left and returns the task's result."""
         if self.deferred_count:
             self.run_deferred()
+            if self.plan.task_commits:
+                self.note_staged_splits()
         for (dest_id, _table), buffer in self.buffers.items():
             self.flush(dest_id, buffer)
         for _path, handle in self.spools.values():
@@ -575,6 +599,7 @@ class PartitionTask:
             os.fsync(handle.fileno())
             handle.close()
         result = TaskResult(staged=self.chunks, direct=self.direct, errors=self.errors, samples=self.samples)
+        result.staged_splits = self.staged_splits
         for (file, dest_id, table), (rows, failed, skipped) in self.counts.items():
             spool = self.spools.get((file, dest_id, table))
             path = self.shipped(spool[0]) if spool else None

@@ -53,6 +53,9 @@ class JobPlan:
     direct: dict[str, DirectTarget] = field(default_factory=dict)
     """Destination id → where executors write rows straight into existing tables
     (`Capabilities.direct_writes`); its other pairs are staged as usual."""
+    task_commits: frozenset[str] = frozenset()
+    """Destination ids whose staged rows are committed per task (`Capabilities.task_commits`, no
+    primary key): each task reports the splits whose rows its chunks hold, for their markers."""
     sql_types: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     """Destination id (of `direct`, or one given up unreached whose status files recorded them:
     `batch.job._recorded`) → table → column → its SQL type, as the catalog reads it."""

@@ -59,6 +59,9 @@ class TaskResult:
     counts: list[PairCount] = field(default_factory=list)
     staged: list[StagedResult] = field(default_factory=list)
     direct: list[DirectResult] = field(default_factory=list)
+    staged_splits: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    """(destination id, table) of `JobPlan.task_commits` → the keys of the splits whose rows this
+    task's chunks of the pair hold: their markers, committed with the chunks (`batch.commits`)."""
     errors: dict[tuple[str, str], str] = field(default_factory=dict)
     """(destination id, table) → why staging or writing failed: the pair is not committed."""
     samples: list[tuple[str, str, str]] = field(default_factory=list)

@@ -348,6 +348,16 @@ class SparkConfig(Section):
         ),
     )
 
+    commit_connections: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description=(
+            "connections per pass that commit staged rows at once, a task's rows per commit (Postgres, MySQL: "
+            "docs/batch.md); 0: as many as the Spark job's parallelism"
+        ),
+    )
+
     @field_validator("conf", mode="before")
     @classmethod
     def _stringify(cls, value: Any) -> Any:

@@ -284,6 +284,12 @@ class Capabilities:
     one transaction with its load markers, when every value of the (split, table) fits the
     table's columns; only what needs a new column (or a cast the executor cannot check) is staged
     and committed by the driver. Needs `transactions`."""
+    task_commits: bool = False
+    """Batch: the staged rows of each Spark task are committed on their own, in parallel (one
+    connection per commit, `batch.commits`), in one transaction with their per-split markers,
+    once the driver has patched the table; rather than all of a pair's rows in one serial
+    commit. Tables with a primary key stay in one commit (upserts are ordered across splits).
+    Needs `transactions` and table stages any connection can read."""
 
 
 @dataclass(frozen=True, slots=True)

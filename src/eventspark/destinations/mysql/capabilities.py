@@ -10,4 +10,5 @@ CAPABILITIES = Capabilities(
     ddl_in_transactions=False,  # DDL commits the open transaction
     add_column_if_not_exists=False,  # MariaDB has it, MySQL does not
     users_recognition="update",
+    task_commits=True,  # an INSERT ... SELECT per Spark task, in parallel (batch/commits.py)
 )

@@ -11,4 +11,5 @@ CAPABILITIES = Capabilities(
     add_column_if_not_exists=True,  # since 9.6
     users_recognition="update",
     direct_writes=True,  # text COPY into the target per split, with its markers (postgres/direct.py)
+    task_commits=True,  # staged rows: an INSERT ... SELECT per task, in parallel (batch/commits.py)
 )

@@ -278,7 +278,7 @@ class SqlWarehouse(DestinationAdapter):
 
     def loaded_splits(self, dest_id: str, logs: Iterable[str]) -> set[tuple[str, str]]:
         wanted = list(logs)
-        if not wanted or not self.capabilities.direct_writes:
+        if not wanted or not (self.capabilities.direct_writes or self.capabilities.task_commits):
             return set()  # no split markers are ever written
         with self._session() as client:
             select = split_marker_select(self.name(LOADS_TABLE), self.literal, dest_id, wanted)
