@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from eventspark.batch import splits
-from eventspark.batch.commits import TaskUnit, UnitCommit, commit_units
+from eventspark.batch.commits import TaskUnit, UnitCommit, bucket_rows, commit_units
 from eventspark.batch.process import run_pass
 from eventspark.coordination import MemoryCoordination
 from eventspark.destinations import build_destination
@@ -23,7 +23,7 @@ from eventspark.logs.store import LocalStore
 from eventspark.steps.diff import TablePatch
 from eventspark.steps.template import STAGE_PREFIX
 from eventspark.steps.typing import DataType
-from tests.batch.helpers import event, make_config, postgres_destination, put_log
+from tests.batch.helpers import SPARK, event, make_config, postgres_destination, put_log
 from tests.conftest import pg_conninfo
 from tests.destinations.conftest import MYSQL_HOST, MYSQL_PORT, MYSQL_USER, mysql_connect, mysql_db
 
@@ -203,3 +203,52 @@ def test_units_commit_in_parallel_and_a_failure_leaves_the_others(tmp_path: Path
             reloaded.commit(Load("wh", table, [], ["log0@0-1"]))
         finally:
             reloaded.close()
+
+
+def test_a_key_falls_in_one_bucket_whatever_the_type_it_was_staged_in() -> None:
+    rows = [[1, "a"], ["1", "b"], [1.0, "c"], [2, "d"], [2.5, "e"], ["x", "f"]]
+    cut = bucket_rows(rows, [0], 7)
+    where = {row[1]: bucket for bucket, found in cut.items() for row in found}
+    assert where["a"] == where["b"] == where["c"]
+    assert sorted(row[1] for found in cut.values() for row in found) == list("abcdef")
+    assert bucket_rows(rows, [0], 7) == cut  # the same on every executor: no per-process hash seed
+    assert bucket_rows(rows, [0], 1) == {0: rows}
+
+
+def keyed_events(prefix: str, n: int, keys: range) -> list[dict[str, Any]]:
+    return [event(f"{prefix}-{k}", key=f"k{k}", n=n) for k in keys]
+
+
+@pytest.mark.spark
+def test_keyed_rows_commit_per_key_bucket_and_the_last_row_of_each_key_wins(
+    spark: Any, tmp_path: Path, pg_schema: str, monkeypatch: Any
+) -> None:
+    """Postgres (`keyed_task_commits`): the rows of a table with a primary key are upserted per
+    key bucket, one unit per commit connection; a pass cut short after some buckets committed is
+    loaded again whole by the rerun (upserts are idempotent): each key once, its last row."""
+    monkeypatch.setattr(splits, "SPLIT_BYTES", SMALL_SPLIT_BYTES)
+    warehouse = Warehouse("postgres", pg_schema)
+    dest = warehouse.destination(primary_key_fields=["key"])
+    loaded = make_config(tmp_path, {"wh": dest}, spark={**SPARK, "commit_connections": 3})
+    put_log(tmp_path, keyed_events("old", 1, range(24)))
+    logs = [put_log(tmp_path, keyed_events("new", 2, range(12)) + keyed_events("newer", 3, range(6)))]
+    commits: list[str] = []
+
+    def crash_after_a_bucket(at: str) -> None:
+        if at == "task committed":
+            commits.append(at)
+            if len(commits) == 1:
+                raise SystemExit("killed after a bucket's commit")
+
+    with pytest.raises(SystemExit):
+        run_pass(loaded, MemoryCoordination("test"), session=spark, fault=crash_after_a_bucket)
+    assert len(commits) == 3  # three buckets, three units: the pool finished those it had started
+    assert all(log.exists() for log in logs) and warehouse.markers() == set()
+
+    result = run_pass(loaded, MemoryCoordination("test"), session=spark, fault=commits.append)
+
+    assert result.ok and commits.count("task committed") == 6  # the rerun's three buckets, again
+    latest = {f"k{k}": 3 if k < 6 else 2 if k < 12 else 1 for k in range(24)}
+    assert dict(warehouse.rows("SELECT key, n FROM t")) == latest
+    assert warehouse.rows("SELECT count(*) FROM t") == [(24,)]
+    assert warehouse.markers() == set()  # no marker: a rerun upserts the same rows again

@@ -9,12 +9,19 @@ that committed and does not write their splits again (`JobPlan.split_done`); the
 written again, whole. The work of a commit is the warehouse's (the INSERT ... SELECT runs on the
 server): the driver only sends a statement per unit, on as many connections as the pass has
 commit workers, so what stays serial on the driver grows with the tasks, not with the events.
+
+A table with a primary key (`Capabilities.keyed_task_commits`): upserts of one key must be in one
+statement, its last row winning, so the units are not the tasks' but key buckets: executors cut
+their staged rows by a hash of the key (`bucket_rows`), and each bucket's chunks, from every
+task, are one upsert. No marker is needed: a unit that commits again after a crash writes the same
+rows over themselves (the rerun reads the logs again, and upserts are idempotent).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +43,25 @@ class TaskUnit:
     splits: list[str]
 
 
+def bucket_rows(rows: list[list[Any]], keys: Sequence[int], buckets: int) -> dict[int, list[list[Any]]]:
+    """Rows by the bucket of their key (the values at `keys`): a stable hash of the key's text, so
+    that every executor puts a key in the same bucket, whatever the type its values were staged
+    in (1 and "1", 2.0 and 2 are one key once cast to the column's type)."""
+    if buckets <= 1:
+        return {0: rows}
+    cut: dict[int, list[list[Any]]] = {}
+    for row in rows:
+        text = "\x1f".join(_key_text(row[index]) for index in keys)
+        cut.setdefault(zlib.crc32(text.encode("utf-8", "surrogatepass")) % buckets, []).append(row)
+    return cut
+
+
+def _key_text(value: Any) -> str:
+    if type(value) is float and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 @dataclass(slots=True)
 class UnitCommit:
     """One unit to commit into a patched table."""
@@ -43,6 +69,8 @@ class UnitCommit:
     dest_id: str
     table: Table
     unit: TaskUnit
+    ordered: bool = False
+    """A key bucket of a table with a primary key: its chunks carry ORDER_COLUMN."""
     error: str = ""
     """Set by `commit_units` when the commit failed (rolled back whole)."""
     done: bool = False
@@ -74,7 +102,7 @@ def commit_units(
 
     def commit(item: UnitCommit) -> None:
         try:
-            load = Load(item.dest_id, item.table, item.unit.chunks, item.unit.splits)
+            load = Load(item.dest_id, item.table, item.unit.chunks, item.unit.splits, ordered=item.ordered)
             adapter_of(item.dest_id).commit(load)
         except DestinationError as exc:
             item.error = str(exc)

@@ -597,7 +597,8 @@ class BatchJob:
         if caps.direct_writes or caps.task_commits:
             # Splits committed with their markers before a crash: not written again, whatever the config says now.
             part.split_markers = adapter.loaded_splits(dest_id, names)
-        part.task_commits = caps.task_commits and not keys  # keyed rows: one commit orders upserts across splits
+        # Keyed rows: per key bucket where concurrent upserts are safe, else one commit orders them.
+        part.task_commits = caps.task_commits and (not keys or caps.keyed_task_commits)
         if caps.direct_writes and not keys:  # keyed rows stay staged: the commit orders upserts across splits
             part.direct = adapter.direct_target(job_id)
             part.sql_types = {name: dict(t.columns) for name, t in tables.items() if not t.primary_keys}
@@ -622,6 +623,7 @@ class BatchJob:
         # (markers, memory). Only each task's TaskResult comes back to the driver.
         groups = group_splits(plan.splits, context.defaultParallelism, TASKS_PER_CORE)
         self._commit_workers = self.config.spark.commit_connections or context.defaultParallelism
+        plan.key_buckets = self._commit_workers  # a bucket per connection: `batch.commits`
         if not groups:
             return _Collected()
         results = context.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
@@ -646,7 +648,7 @@ class BatchJob:
             dest = self.config.destinations[pair.dest_id]
             keys = tuple(dest.data_layout.primary_key_fields)
             adapter = adapters[pair.dest_id]
-            if pair.units and not pair.error and _units_cover(pair):
+            if (pair.units or pair.buckets) and not pair.error and _units_cover(pair):
                 in_tasks.append(key)  # patched, then committed per task: `_commit_in_tasks`
                 continue
             if pair.error:
@@ -693,16 +695,21 @@ class BatchJob:
             for key in keys:
                 pair = collected.pairs[key]
                 self._fenced(f"the commit of {pair.dest_id}.{pair.table}")
-                max_columns, unmapped = self._column_rules(self.config.destinations[pair.dest_id])
+                dest = self.config.destinations[pair.dest_id]
+                max_columns, unmapped = self._column_rules(dest)
+                primary_keys = tuple(dest.data_layout.primary_key_fields)
+                adapter = adapters[pair.dest_id]
                 try:
                     held.enter_context(self.coordination.lock(table_lock(*key), LOCK_TIMEOUT))
-                    table = patch_pair(adapters[pair.dest_id], self.coordination, pair, (), max_columns, unmapped)
+                    table = patch_pair(adapter, self.coordination, pair, primary_keys, max_columns, unmapped)
                     if self.fault is not None:
                         self.fault("staged")
                 except LOAD_ERRORS as exc:
                     outcomes[key] = load_failure(pair, exc)
                     continue
                 units += [UnitCommit(pair.dest_id, table, unit) for unit in pair.units]
+                for _bucket, chunks in sorted(pair.buckets.items()):
+                    units.append(UnitCommit(pair.dest_id, table, TaskUnit(chunks, []), ordered=True))
             self._fenced("the task commits")
             commit_units(units, self.config.destinations, self.events_dir, self._commit_workers, self.fault)
         for item in units:
@@ -902,6 +909,8 @@ def _fold(collected: _Collected, result: TaskResult) -> None:
         pair = _pair(collected, staged.dest_id, staged.table)
         pair.chunks.append(staged.chunk)
         pair.header.merge(staged.header)
+        if staged.bucket is not None:
+            pair.buckets.setdefault(staged.bucket, []).append(staged.chunk)
     for (dest_id, table), splits in result.staged_splits.items():
         chunks = [s.chunk for s in result.staged if s.dest_id == dest_id and s.table == table]
         if chunks:  # else none was written: the pair failed (`TaskResult.errors`)
@@ -918,10 +927,11 @@ def _fold(collected: _Collected, result: TaskResult) -> None:
 def _units_cover(pair: PairLoad) -> bool:
     """Whether the task units of a pair hold every chunk staged for it; else (a bug) the pair is
     committed whole on the driver, as without task commits, rather than lose a chunk."""
-    if sum(len(unit.chunks) for unit in pair.units) == len(pair.chunks):
+    units = sum(len(unit.chunks) for unit in pair.units) + sum(len(chunks) for chunks in pair.buckets.values())
+    if units == len(pair.chunks):
         return True
     log.error("destination %s, table %s: task units miss staged chunks: committed whole", pair.dest_id, pair.table)
-    pair.units = []
+    pair.units, pair.buckets = [], {}
     return False
 
 

@@ -43,6 +43,8 @@ class PairLoad:
     """Set when an executor could not stage its rows: the pair is not committed this pass."""
     units: list[TaskUnit] = field(default_factory=list)
     """With task commits (`batch.commits`): the chunks of each task, and the splits they hold."""
+    buckets: dict[int, list[StagedChunk]] = field(default_factory=dict)
+    """Task commits of a table with a primary key: the chunks of each key bucket, from every task."""
 
 
 def load_pair(

@@ -36,6 +36,7 @@ from typing import IO, Any, cast
 import orjson
 
 from eventspark.batch.chunks import ChunkBuffer, chunk_buffer, text_holds_nul
+from eventspark.batch.commits import bucket_rows
 from eventspark.batch.direct import STAGE, DirectBuffer, DirectColumns, direct_columns
 from eventspark.batch.memory import keep_freed_memory
 from eventspark.batch.plan import JobPlan
@@ -486,12 +487,20 @@ class PartitionTask:
             columns, data, header = buffer.take(ordered=bool(keys))  # type: ignore[assignment]
         if not count or (dest_id, buffer.table) in self.errors:
             return
+        keys = self.plan.primary_keys.get(dest_id, ()) if dest_id in self.plan.task_commits else ()
         try:
             writer = self.writers.get(dest_id)
             if writer is None:
                 writer = self.writers[dest_id] = self.plan.stages[dest_id].open()
             if json_lines:
                 chunk = cast(JsonStageWriter, writer).write_json(columns, data, count)
+            elif keys:  # task commits of a keyed table: a chunk per key bucket (`batch.commits`)
+                names = list(columns)
+                indexes = [names.index(key) for key in keys]
+                for bucket, rows in sorted(bucket_rows(data, indexes, self.plan.key_buckets).items()):  # type: ignore[arg-type]
+                    chunk = writer.write(columns, rows)
+                    self.chunks.append(StagedResult(dest_id, buffer.table, chunk, header, bucket))
+                return
             else:
                 chunk = writer.write(columns, data)  # type: ignore[arg-type]
         except DestinationError as exc:
@@ -537,8 +546,8 @@ class PartitionTask:
         (destination, table) hold when it staged some of its rows there: a marker each, committed
         with the chunks. Counted per buffer (staged and flushed), never per row."""
         for key, buffer in self.buffers.items():
-            if key[0] not in self.plan.task_commits:
-                continue
+            if key[0] not in self.plan.task_commits or self.plan.primary_keys.get(key[0]):
+                continue  # a keyed table is committed by key buckets, without markers
             total = self.flushed.get(key, 0) + len(buffer)
             if total > self.staged_totals.get(key, 0):
                 self.staged_totals[key] = total

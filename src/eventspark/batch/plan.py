@@ -54,8 +54,11 @@ class JobPlan:
     """Destination id → where executors write rows straight into existing tables
     (`Capabilities.direct_writes`); its other pairs are staged as usual."""
     task_commits: frozenset[str] = frozenset()
-    """Destination ids whose staged rows are committed per task (`Capabilities.task_commits`, no
-    primary key): each task reports the splits whose rows its chunks hold, for their markers."""
+    """Destination ids whose staged rows are committed per task (`Capabilities.task_commits`):
+    without a primary key, each task reports the splits whose rows its chunks hold, for their
+    markers; with one (`Capabilities.keyed_task_commits`), its chunks are cut by `key_buckets`."""
+    key_buckets: int = 1
+    """Task commits with a primary key: the buckets a row's key hashes into (`batch.commits.bucket_rows`)."""
     sql_types: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     """Destination id (of `direct`, or one given up unreached whose status files recorded them:
     `batch.job._recorded`) → table → column → its SQL type, as the catalog reads it."""

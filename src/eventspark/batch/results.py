@@ -38,6 +38,8 @@ class StagedResult:
     table: str
     chunk: StagedChunk
     header: BatchHeader
+    bucket: int | None = None
+    """Task commits of a table with a primary key: the key bucket of every row of the chunk."""
 
 
 @dataclass(slots=True)

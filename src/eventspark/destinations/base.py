@@ -290,6 +290,11 @@ class Capabilities:
     once the driver has patched the table; rather than all of a pair's rows in one serial
     commit. Tables with a primary key stay in one commit (upserts are ordered across splits).
     Needs `transactions` and table stages any connection can read."""
+    keyed_task_commits: bool = False
+    """With `task_commits`, tables with a primary key too: executors cut their staged rows by a
+    hash of the key into buckets, and each bucket is one upsert of its own (a key's rows in one
+    statement, the last one winning), in parallel. Needs upserts that lock only the rows they
+    touch (Postgres' ON CONFLICT; InnoDB's gap locks would make concurrent upserts deadlock)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,4 +12,5 @@ CAPABILITIES = Capabilities(
     users_recognition="update",
     direct_writes=True,  # text COPY into the target per split, with its markers (postgres/direct.py)
     task_commits=True,  # staged rows: an INSERT ... SELECT per task, in parallel (batch/commits.py)
+    keyed_task_commits=True,  # upserts per key bucket, in parallel (ON CONFLICT locks rows only)
 )
