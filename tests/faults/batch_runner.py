@@ -2,7 +2,8 @@
 
     python -m tests.faults.batch_runner CONFIG STEP SIGNALS
 
-STEP is a name the pass's Fault hook is called with ("staged", "pair committed", "committed"):
+STEP is a name the pass's Fault hook is called with ("staged", "pair committed", "task committed",
+"committed"):
 the process kills itself there, the way a `kill -9` would stop it, with no `finally` run. STEP
 "executors" leaves the hook alone: the first Spark task that finishes staging its rows writes
 SIGNALS/task-staged and then holds its task open, so that the test kills the process group from

@@ -4,8 +4,9 @@ machine's Postgres, a fresh schema, and DuckDB), every failed event once in `fai
 The pass runs in a process of its own (tests/faults/batch_runner.py, its own Spark `local[1]`)
 that is killed with SIGKILL, so no `finally` and no clean-up runs: (a) while a Spark task is in
 progress, its rows staged; (b) between stage and commit (`fault("staged")`); (c) between a pair's
-commit and the settling of its failed events (`fault("pair committed")`), and between the commits
-and the status files (`fault("committed")`). The rerun is a pass in this process.
+commit and the settling of its failed events (`fault("pair committed")`), right after the first of
+Postgres's task commits (`fault("task committed")`: the other tasks' rows are not committed), and
+between the commits and the status files (`fault("committed")`). The rerun is a pass in this process.
 
 The logs hold events that load, events that fail the template, values that fail a column's cast,
 and a table whose every event fails (no commit at all for it: only the status file knows it was

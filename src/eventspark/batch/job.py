@@ -12,7 +12,9 @@ Driver steps, in order:
    `Capabilities.direct_writes`), stage the other rows and spool failed events; the driver
    collects only counts, chunk references and BatchHeaders (`batch.results`);
 4. per destination/table pair: a pair written directly only is done; else merge the headers,
-   patch the table and commit the chunks (`batch.load`); a pair that fails is recorded FAILED with
+   patch the table and commit the chunks (`batch.load`): per Spark task (or key bucket), in
+   parallel, with their split markers, where the destination has task commits (`batch.commits`),
+   else in one transaction; a pair that fails is recorded FAILED with
    its attempts, and retried by the first pass after its back-off (`eventspark.retry`; before it,
    that pair of the log is not read, and a log with nothing due is not read at all); past the
    policy's maximum age its events go to `failed/` with the reason instead (the pair *gave up*),
