@@ -1,7 +1,7 @@
 """The cost model of a batch pass, measured on this machine and extrapolated to a cluster.
 
     .venv/bin/python bench/scale.py [--sizes 50000,200000] [--repeats 3]
-        [--masters local[1],local[2],local-cluster[2,1,1024],standalone] [--no-staged]
+        [--masters local[1],local[2],local-cluster[2,1,1024],standalone] [--no-staged] [--staged-on MASTERS]
         [--remote MASTER] [--rates 1e7,1e9] [--nodes 2,16] [--executors 1,4,16,64]
         [--destination-cores 2] [--json FILE] [--from-json FILE]
 
@@ -14,8 +14,9 @@
    1 and of 8×cores tasks (Spark's own per-job and per-task costs), then passes into Postgres in the
    steady state (the table exists: executors write straight into it), each configuration
    --repeats times, interleaved; `JobResult.timings` gives the phases of each pass, /proc the CPU
-   of the pass's processes and of the machine; on the first master, also passes into a new table
-   (every row staged, then committed by the driver: what a pass that adds a column does); with
+   of the pass's processes and of the machine; on the first master (or those of --staged-on), also
+   passes into a new table (every row staged, then committed per task on as many connections as
+   the master has cores: what a pass that adds a column does); with
    --remote, MASTER's passes again with `log.remote` on a moto S3 server started here;
 3. fits each driver phase (list, plan, load, settle, archive) as fixed + per event + per log, and
    the stage and the CPU as fixed + per event, on the medians of the repeats; prints the ratios
@@ -133,7 +134,7 @@ def run_passes(loaded: Any, session: Any, job: dict[str, Any], mode: str) -> lis
         configs = [c for c in configs if c["events"] >= job["staged_min"]]
     for repeat in range(job["repeats"]):
         for number, config in enumerate(configs):
-            if mode == "staged":  # every row staged and committed by the driver, as when a column is added
+            if mode == "staged":  # every row staged, then committed per task, as when a column is added
                 drop_table(job["schema"])
             offset = 1_000 + (repeat * len(configs) + number) * 100 + MODE_OFFSETS[mode]
             run = timed_pass(loaded, session, [Path(p) for p in config["files"]], offset)
@@ -340,6 +341,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--masters", default="local[1],local[2],local-cluster[2,1,1024],standalone")
     parser.add_argument("--no-staged", action="store_true", help="skip the passes into a new table")
+    parser.add_argument("--staged-on", default="", help="masters running passes into a new table (default: the first)")
     parser.add_argument("--rates", type=numbers, default=[10_000_000, 1_000_000_000], help="events a day")
     parser.add_argument("--nodes", type=numbers, default=[2, 16], help="collector nodes at each rate")
     parser.add_argument("--executors", type=numbers, default=[1, 4, 16, 64])
@@ -399,9 +401,10 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     job = {"configs": configs, "warm": [str(w) for w in warm], "repeats": args.repeats, "work": str(work)}
     results = []
     with moto_s3() if args.remote else contextlib.nullcontext() as remote:
-        for number, master in enumerate(masters(args.masters)):
+        staged_on = masters(args.staged_on) if args.staged_on else masters(args.masters)[:1]
+        for master in masters(args.masters):
             label = "".join(c if c.isalnum() else "_" for c in master).strip("_")
-            spec = {**job, "schema": f"bench_scale_{label}", "staged": number == 0 and not args.no_staged}
+            spec = {**job, "schema": f"bench_scale_{label}", "staged": master in staged_on and not args.no_staged}
             spec["staged_min"] = min(args.sizes)
             spec["remote"] = remote if master == args.remote else None
             started = time.perf_counter()

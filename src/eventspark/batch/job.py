@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eventspark.batch.commits import TaskUnit, UnitCommit, commit_units
+from eventspark.batch.commits import CommitPool, TaskUnit, UnitCommit, key_buckets
 from eventspark.batch.failed_events import FailedEvents
 from eventspark.batch.load import (
     LOAD_ERRORS,
@@ -60,6 +60,7 @@ from eventspark.destinations.base import (
     DestinationAdapter,
     DestinationError,
     DirectTarget,
+    Load,
     ObjectTarget,
     StageTarget,
     new_job_id,
@@ -80,7 +81,7 @@ from eventspark.ops.cache_results import settle_samples
 from eventspark.recognition.service import Recognizer, recognition_of
 from eventspark.recognition.state import done_sightings, keep_sightings
 from eventspark.retry import RetryPolicy, due, give_up_reason, retry_policy
-from eventspark.steps.diff import UnmappedRule
+from eventspark.steps.diff import Table, UnmappedRule
 from eventspark.steps.recognition import Sightings
 from eventspark.steps.typing import BatchHeader, DataType
 
@@ -178,7 +179,11 @@ class _Collected:
     sightings: dict[str, Sightings] = field(default_factory=dict)
     """Users recognition: per destination, the ids the tasks saw (`steps.recognition`)."""
     written: dict[tuple[str, str, str], set[str]] = field(default_factory=lambda: defaultdict(set))
-    """(log, destination, table) → keys of the splits written directly this pass (`DirectResult`)."""
+    """(log, destination, table) → keys of the splits written directly this pass (`DirectResult`),
+    or committed by a task commit (`batch.commits`)."""
+    columns: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    """(destination, table) → column → SQL type, of the tables patched for task commits: what the
+    rows of their committed splits were cast to (`_record_written`)."""
 
 
 @dataclass(slots=True)
@@ -200,8 +205,8 @@ class _Reached:
     """(split key, table) of the per-split load markers of the job's logs (`loaded_splits`); of a
     destination that cannot be reached, the splits the status files record (`_recorded`)."""
     task_commits: bool = False
-    """Its staged rows are committed per task (`batch.commits`): no primary key, and the
-    destination can (`Capabilities.task_commits`)."""
+    """Its staged rows are committed per task, or per key bucket (`batch.commits`): the destination
+    can (`Capabilities.task_commits`; with a primary key, `keyed_task_commits`)."""
 
     @property
     def connected(self) -> bool:
@@ -234,6 +239,9 @@ class BatchJob:
         """With `log.remote`: called with the name of each step that changes shared state before
         it runs; raises when the cluster's pass lock was lost (`batch.process.pass_fence`)."""
         self._staged: set[str] = set()
+        self._catalog: dict[tuple[str, str], dict[str, str]] = {}
+        """(destination, table) → column → SQL type as the job found them, of the destinations with
+        task commits: recorded with their committed splits (`_record_written`)."""
         self._commit_workers = 1
         """Connections committing task units at once (`batch.commits`): `spark.commit_connections`,
         else the Spark job's parallelism (set by `_execute`)."""
@@ -291,6 +299,7 @@ class BatchJob:
     def _run_job(self, session: Any, logs: list[LogFile], only: str | None, result: JobResult) -> None:
         job_id = new_job_id(time.time())
         adapters: dict[str, DestinationAdapter] = {}
+        self._catalog = {}
         try:
             self._run(session, logs, job_id, adapters, result, only)
         finally:
@@ -325,6 +334,7 @@ class BatchJob:
         clock.lap("plan")
         self._fenced("the Spark job")  # its direct writes commit into the tables
         collected = self._execute(session, plan, job_id) if plan.destinations else _Collected()
+        collected.columns.update(self._catalog)  # a task commit's patch replaces its table's
         stage = clock.lap("stage")
         # Users recognition's ids outlive a crash between the commits and its run (`recognition.state`).
         keep_sightings(self.events_dir, collected.sightings, set(plan.recognition))
@@ -601,6 +611,8 @@ class BatchJob:
             part.split_markers = adapter.loaded_splits(dest_id, names)
         # Keyed rows: per key bucket where concurrent upserts are safe, else one commit orders them.
         part.task_commits = caps.task_commits and (not keys or caps.keyed_task_commits)
+        if part.task_commits:
+            self._catalog.update({(dest_id, name): dict(t.columns) for name, t in tables.items()})
         if caps.direct_writes and not keys:  # keyed rows stay staged: the commit orders upserts across splits
             part.direct = adapter.direct_target(job_id)
             part.sql_types = {name: dict(t.columns) for name, t in tables.items() if not t.primary_keys}
@@ -625,7 +637,7 @@ class BatchJob:
         # (markers, memory). Only each task's TaskResult comes back to the driver.
         groups = group_splits(plan.splits, context.defaultParallelism, TASKS_PER_CORE)
         self._commit_workers = self.config.spark.commit_connections or context.defaultParallelism
-        plan.key_buckets = self._commit_workers  # a bucket per connection: `batch.commits`
+        plan.key_buckets = key_buckets(self._commit_workers)  # a bucket per connection: `batch.commits`
         if not groups:
             return _Collected()
         results = context.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
@@ -670,10 +682,16 @@ class BatchJob:
             result.pair(*key).error = error
             if self.fault is not None:
                 self.fault("pair committed")
-        if in_tasks:
-            self._commit_in_tasks(collected, adapters, in_tasks, outcomes)
+        if not in_tasks:
+            return outcomes
+        with CommitPool(self.config.destinations, self.events_dir, self._commit_workers, self.fault) as pool:
             for key in in_tasks:
-                result.pair(*key).error = outcomes[key]
+                pair = collected.pairs[key]
+                self._fenced(f"the commit of {pair.dest_id}.{pair.table}")
+                error = outcomes[key] = self._commit_in_tasks(pool, adapters[pair.dest_id], pair, collected)
+                result.pair(*key).error = error
+                if self.fault is not None:
+                    self.fault("pair committed")
         return outcomes
 
     def _column_rules(self, dest: Any) -> tuple[int, UnmappedRule | None]:
@@ -682,49 +700,35 @@ class BatchJob:
         return max_columns, UnmappedRule.of(dest.data_layout, max_columns)
 
     def _commit_in_tasks(
-        self,
-        collected: _Collected,
-        adapters: dict[str, DestinationAdapter],
-        keys: list[tuple[str, str]],
-        outcomes: dict[tuple[str, str], str],
-    ) -> None:
-        """Task commits (`batch.commits`): every pair's table patched under its lock, in order,
-        then the units of all of them committed in parallel while the locks are held (a commit
-        casts to the types the patch left); the splits of the units that committed are noted as
-        written (`_record_written`). A pair's outcome is the first failure of its units."""
-        units: list[UnitCommit] = []
-        with contextlib.ExitStack() as held:
-            for key in keys:
-                pair = collected.pairs[key]
-                self._fenced(f"the commit of {pair.dest_id}.{pair.table}")
-                dest = self.config.destinations[pair.dest_id]
-                max_columns, unmapped = self._column_rules(dest)
-                primary_keys = tuple(dest.data_layout.primary_key_fields)
-                adapter = adapters[pair.dest_id]
-                try:
-                    held.enter_context(self.coordination.lock(table_lock(*key), LOCK_TIMEOUT))
-                    table = patch_pair(adapter, self.coordination, pair, primary_keys, max_columns, unmapped)
-                    if self.fault is not None:
-                        self.fault("staged")
-                except LOAD_ERRORS as exc:
-                    outcomes[key] = load_failure(pair, exc)
-                    continue
-                units += [UnitCommit(pair.dest_id, table, unit) for unit in pair.units]
-                for _bucket, chunks in sorted(pair.buckets.items()):
-                    units.append(UnitCommit(pair.dest_id, table, TaskUnit(chunks, []), ordered=True))
-            self._fenced("the task commits")
-            commit_units(units, self.config.destinations, self.events_dir, self._commit_workers, self.fault)
-        for item in units:
-            key = (item.dest_id, item.table.name)
-            if item.error:
-                outcomes.setdefault(key, item.error)
-                continue
-            for split in item.unit.splits:
-                collected.written[split_range(split)[0], item.dest_id, item.table.name].add(split)
-        for key in keys:
-            outcomes.setdefault(key, "")
-            if self.fault is not None:
-                self.fault("pair committed")
+        self, pool: CommitPool, adapter: DestinationAdapter, pair: PairLoad, collected: _Collected
+    ) -> str:
+        """Task commits (`batch.commits`) of one pair, under its table's lock: the patch, then its
+        units in parallel (a commit casts to the types the patch left), then, for key buckets,
+        the logs' markers; the splits of the units that committed are noted as written
+        (`_record_written`). Returns '' or the pair's first failure."""
+        dest = self.config.destinations[pair.dest_id]
+        max_columns, unmapped = self._column_rules(dest)
+        primary_keys = tuple(dest.data_layout.primary_key_fields)
+        try:
+            with self.coordination.lock(table_lock(pair.dest_id, pair.table), LOCK_TIMEOUT):
+                table = patch_pair(adapter, self.coordination, pair, primary_keys, max_columns, unmapped)
+                collected.columns[pair.dest_id, pair.table] = dict(table.columns)
+                if self.fault is not None:
+                    self.fault("staged")
+                if table.primary_keys and not pair.buckets:
+                    # A key the table has and the config does not name: one commit, as its upserts
+                    # must not run at once (and the chunks carry no order: any row of a key wins).
+                    adapter.commit(Load(pair.dest_id, table, pair.chunks, sorted(pair.files)))
+                    return ""
+                units = _units(pair, table)
+                pool.commit(units)
+                _note_written(collected, units)
+                error = next((unit.error for unit in units if unit.error), "")
+                if pair.buckets and not error:
+                    adapter.mark_loaded(pair.dest_id, pair.table, sorted(pair.files))
+                return error
+        except LOAD_ERRORS as exc:
+            return load_failure(pair, exc)
 
     def _settle(
         self,
@@ -926,6 +930,22 @@ def _fold(collected: _Collected, result: TaskResult) -> None:
         collected.sightings.setdefault(dest_id, Sightings()).merge(seen)
 
 
+def _units(pair: PairLoad, table: Table) -> list[UnitCommit]:
+    """The units of a pair's task commits: its tasks' chunks, or its key buckets."""
+    units = [UnitCommit(pair.dest_id, table, unit) for unit in pair.units]
+    for _bucket, chunks in sorted(pair.buckets.items()):
+        units.append(UnitCommit(pair.dest_id, table, TaskUnit(chunks, []), ordered=True))
+    return units
+
+
+def _note_written(collected: _Collected, units: list[UnitCommit]) -> None:
+    """The splits of the units that committed, as direct writes note theirs (`_record_written`)."""
+    for unit in units:
+        if unit.done:
+            for split in unit.unit.splits:
+                collected.written[split_range(split)[0], unit.dest_id, unit.table.name].add(split)
+
+
 def _units_cover(pair: PairLoad) -> bool:
     """Whether the task units of a pair hold every chunk staged for it; else (a bug) the pair is
     committed whole on the driver, as without task commits, rather than lose a chunk."""
@@ -982,7 +1002,9 @@ def _record_written(plan: JobPlan, collected: _Collected, updates: dict[str, Log
         pair = updates.get(name, {}).get(dest_id, {}).get(table)
         if pair is not None and not pair.settled:
             pair.written = tuple(sorted(keys))
-            pair.columns = dict(plan.sql_types.get(dest_id, {}).get(table) or {})
+            pair.columns = dict(
+                collected.columns.get((dest_id, table)) or plan.sql_types.get(dest_id, {}).get(table) or {}
+            )
 
 
 def _recorded(dest_id: str, dest: Any, statuses: dict[str, LogStatus], names: set[str]) -> _Reached:

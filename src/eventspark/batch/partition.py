@@ -366,6 +366,10 @@ class PartitionTask:
             found = self.direct_target(file, dest_id, table)
             if found is not None:
                 return found
+        if split_done:
+            # Another split of the log may be DONE (its marker): decided again per split, or its
+            # rows would be staged again under a marker that exists.
+            self.split_targets.append((file, dest_id, table))
         return self.buffer(dest_id, table), self.count(file, dest_id, table), self.plan.chunk_rows
 
     def done_target(self, file: str, dest_id: str, table: str) -> Target:
@@ -381,7 +385,9 @@ class PartitionTask:
         # primary key, so none is asked of them.
         existing = self.plan.existing.get(dest_id, {}).get(table)
         unmapped = self.unmapped(dest_id)
-        buffer = chunk_buffer(table, existing, (), False, unmapped, holds_nul=False)  # as DirectBuffer: no U+0000
+        # As the split's rows were checked when they were written: Postgres's text holds no U+0000.
+        holds_nul = destination_type(self.plan.destinations[dest_id].type).dialect.text_holds_nul
+        buffer = chunk_buffer(table, existing, (), False, unmapped, holds_nul=holds_nul)
         checking = _Checking(buffer, self.plan.chunk_rows)
         return cast(ChunkBuffer, checking), [0, 0, 0], _WHOLE_SPLIT
 
@@ -487,17 +493,19 @@ class PartitionTask:
             columns, data, header = buffer.take(ordered=bool(keys))  # type: ignore[assignment]
         if not count or (dest_id, buffer.table) in self.errors:
             return
-        keys = self.plan.primary_keys.get(dest_id, ()) if dest_id in self.plan.task_commits else ()
+        bucketed = self.plan.primary_keys.get(dest_id, ()) if dest_id in self.plan.task_commits else ()
         try:
             writer = self.writers.get(dest_id)
             if writer is None:
                 writer = self.writers[dest_id] = self.plan.stages[dest_id].open()
             if json_lines:
                 chunk = cast(JsonStageWriter, writer).write_json(columns, data, count)
-            elif keys:  # task commits of a keyed table: a chunk per key bucket (`batch.commits`)
+            elif bucketed:  # task commits of a keyed table: a chunk per key bucket (`batch.commits`)
                 names = list(columns)
-                indexes = [names.index(key) for key in keys]
-                for bucket, rows in sorted(bucket_rows(data, indexes, self.plan.key_buckets).items()):  # type: ignore[arg-type]
+                indexes = [names.index(key) for key in bucketed]
+                types = [columns[key] for key in bucketed]
+                cut = bucket_rows(data, indexes, self.plan.key_buckets, types)  # type: ignore[arg-type]
+                for bucket, rows in sorted(cut.items()):
                     chunk = writer.write(columns, rows)
                     self.chunks.append(StagedResult(dest_id, buffer.table, chunk, header, bucket))
                 return
@@ -595,10 +603,8 @@ class PartitionTask:
 
     def finish(self) -> TaskResult:
         """Stages what is left and returns the task's result."""
-        if self.deferred_count:
+        if self.deferred_count:  # none: `end_split` runs them (a guard, as they would be lost)
             self.run_deferred()
-            if self.plan.task_commits:
-                self.note_staged_splits()
         for (dest_id, _table), buffer in self.buffers.items():
             self.flush(dest_id, buffer)
         for _path, handle in self.spools.values():

@@ -107,7 +107,8 @@ class Load:
     """The target as it is after patching: column types decide the casts."""
     chunks: list[StagedChunk]
     files: list[str]
-    """Names of the rotated logs whose events are in the chunks (the load markers)."""
+    """The load markers the commit writes: names of the rotated logs whose events are in the
+    chunks, or the keys of their splits (`Split.key`: task commits, `batch.commits`)."""
     ordered: bool = False
     """The chunks carry ORDER_COLUMN (set when the table has a primary key)."""
 
@@ -288,8 +289,8 @@ class Capabilities:
     """Batch: the staged rows of each Spark task are committed on their own, in parallel (one
     connection per commit, `batch.commits`), in one transaction with their per-split markers,
     once the driver has patched the table; rather than all of a pair's rows in one serial
-    commit. Tables with a primary key stay in one commit (upserts are ordered across splits).
-    Needs `transactions` and table stages any connection can read."""
+    commit. Tables with a primary key stay in one commit (upserts are ordered across splits)
+    unless `keyed_task_commits`. Needs `transactions` and table stages any connection can read."""
     keyed_task_commits: bool = False
     """With `task_commits`, tables with a primary key too: executors cut their staged rows by a
     hash of the key into buckets, and each bucket is one upsert of its own (a key's rows in one
@@ -388,8 +389,13 @@ class DestinationAdapter(ABC):
         """(split key, table) of every split of the logs named `logs` whose rows a direct write
         committed for `dest_id` (per-split load markers, `Split.key`: `<log>@<start>-<end>`).
         Read by log, not by key: the boundaries found are kept by the next cut (`plan_splits`).
-        Empty without `Capabilities.direct_writes` (no split markers are ever written)."""
+        Empty without `Capabilities.direct_writes` or `task_commits` (no split markers are ever written)."""
         return set()
+
+    def mark_loaded(self, dest_id: str, table: str, files: Sequence[str]) -> None:
+        """Writes the load markers of `files` for `table`, in a transaction of their own: the rows
+        were committed without them (the key buckets of task commits, `batch.commits`)."""
+        raise TerminalError(f"{type(self).__name__} has no load markers of its own to write")
 
     @abstractmethod
     def drop_stages(self, job_id: str) -> None:

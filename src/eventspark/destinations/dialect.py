@@ -50,6 +50,8 @@ class Dialect:
     json_type: str = "json"
     """The column type of the generic mapping type ``json`` and of ``data_layout.unmapped_column``
     (docs/json-columns.md): values are JSON text, cast by the warehouse."""
+    text_holds_nul: bool = True
+    """Whether a text column stores U+0000 (Postgres's cannot: such a value fails its event)."""
     json_names: frozenset[str] = frozenset({"json"})
     """The JSON type names (lower case) a mapping may give this warehouse; the config check
     refuses the others (``jsonb`` on MySQL)."""

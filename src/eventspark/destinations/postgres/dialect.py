@@ -20,6 +20,7 @@ DIALECT = Dialect(
         DataType.STRING: "text",
     },
     json_names=frozenset({"json", "jsonb"}),  # docs/json-columns.md
+    text_holds_nul=False,  # a text value cannot hold U+0000
     max_identifier_length=63,  # NAMEDATALEN - 1; longer names are truncated silently by the server
 )
 

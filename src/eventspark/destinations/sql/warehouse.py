@@ -276,6 +276,14 @@ class SqlWarehouse(DestinationAdapter):
             rows = client.rows(select, "reading load markers")
         return {(f, t) for f, t in rows}
 
+    def mark_loaded(self, dest_id: str, table: str, files: Sequence[str]) -> None:
+        markers = marker_insert(self.name(LOADS_TABLE), self.literal, Load(dest_id, Table(table), [], list(files)))
+        if markers is None:
+            return
+        doing = f"writing the load markers of table {table!r}"
+        with self._session() as client, self._in_transaction(client, doing):
+            client.execute(markers, doing)
+
     def loaded_splits(self, dest_id: str, logs: Iterable[str]) -> set[tuple[str, str]]:
         wanted = list(logs)
         if not wanted or not (self.capabilities.direct_writes or self.capabilities.task_commits):
