@@ -105,20 +105,19 @@ def test_a_pass_whose_lock_expired_stops_before_the_next_commit_and_the_next_nod
     key = pass_lock_key(prefix, node_a)
     commits: list[str] = []
 
-    def expire_after_the_first_patch(at: str) -> None:
-        if at == "staged" and not commits:
+    def expire_after_the_first_commit(at: str) -> None:
+        if at == "pair committed" and not commits:
             commits.append(at)
             delete_key(key)  # what an expiry during a long pause leaves
             time.sleep(LEASE_SECONDS / 3 + 0.15)
 
-    # Both tables are new: each is patched, then their rows are committed per task (`batch.commits`).
     with pytest.raises(LockLost, match=r"lost mid-pass: stopped before the commit of pg\.b; the next pass takes over"):
-        run_pass(node_a, nodes["node-a"], fault=expire_after_the_first_patch, session=spark)
+        run_pass(node_a, nodes["node-a"], fault=expire_after_the_first_commit, session=spark)
 
     schema = pg_datasource["schema"]
-    assert commits == ["staged"]
-    assert pg_rows(schema, "SELECT count(*) FROM a") == [(0,)]  # patched before the loss, nothing committed
-    assert pg_rows(schema, "SELECT to_regclass('b')") == [(None,)]  # its patch was not run
+    assert commits == ["pair committed"]
+    assert pg_rows(schema, "SELECT count(*) FROM a") == [(10,)]  # committed before the loss
+    assert pg_rows(schema, "SELECT to_regclass('b')") == [(None,)]  # its commit was not run
     assert incoming_names(node_a) == sorted(names)  # nothing settled: no status, no archive
     assert all(remote_status(node_a, name) is None for name in names) and archived(node_a) == {}
 

@@ -26,6 +26,7 @@ from eventspark.steps.typing import DataType
 from tests.batch.helpers import SPARK, event, make_config, postgres_destination, put_log
 from tests.conftest import pg_conninfo
 from tests.destinations.conftest import MYSQL_HOST, MYSQL_PORT, MYSQL_USER, mysql_connect, mysql_db
+from tests.destinations.test_mysql import rows_of
 
 __all__ = ["mysql_db"]  # the fixture, used by name
 
@@ -53,13 +54,7 @@ class Warehouse:
             with psycopg.connect(pg_conninfo()) as conn:
                 conn.execute(f'SET search_path = "{self.name}"')
                 return [tuple(r) for r in conn.execute(sql).fetchall()]
-        conn = mysql_connect(self.name)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql)
-                return [tuple(r) for r in cur.fetchall()]
-        finally:
-            conn.close()
+        return rows_of(self.name, sql)
 
     def execute(self, sql: str) -> None:
         if self.kind == "postgres":
@@ -108,14 +103,21 @@ def put_logs(root: Path, prefix: str, **fields: Any) -> list[Path]:
     return [put_log(root, [event(f"{prefix}{part}-{i}", n=i, **fields) for i in range(12)]) for part in range(2)]
 
 
+def two_logs_of_small_splits(
+    tmp_path: Path, warehouse: Warehouse, monkeypatch: Any
+) -> tuple[Any, list[Path], set[str]]:
+    """The config, two logs of 12 events cut into splits of a few events, and their split keys."""
+    monkeypatch.setattr(splits, "SPLIT_BYTES", SMALL_SPLIT_BYTES)
+    loaded = make_config(tmp_path, {"wh": warehouse.destination()})
+    logs = put_logs(tmp_path, "a")
+    return loaded, logs, split_keys(logs)
+
+
 @pytest.mark.spark
 def test_a_new_table_is_patched_then_each_tasks_rows_commit_with_their_splits_markers(
     spark: Any, tmp_path: Path, warehouse: Warehouse, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(splits, "SPLIT_BYTES", SMALL_SPLIT_BYTES)
-    loaded = make_config(tmp_path, {"wh": warehouse.destination()})
-    logs = put_logs(tmp_path, "a")
-    keys = split_keys(logs)
+    loaded, _logs, keys = two_logs_of_small_splits(tmp_path, warehouse, monkeypatch)
     assert len(keys) >= 4  # several splits, in several tasks of local[2]
 
     result = run_pass(loaded, MemoryCoordination("test"), session=spark)
@@ -136,10 +138,7 @@ def test_a_new_table_is_patched_then_each_tasks_rows_commit_with_their_splits_ma
 def test_a_unit_that_fails_is_rolled_back_alone_and_the_rerun_loads_its_splits_once(
     spark: Any, tmp_path: Path, warehouse: Warehouse, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(splits, "SPLIT_BYTES", SMALL_SPLIT_BYTES)
-    loaded = make_config(tmp_path, {"wh": warehouse.destination()})
-    logs = put_logs(tmp_path, "a")
-    keys = split_keys(logs)
+    loaded, logs, keys = two_logs_of_small_splits(tmp_path, warehouse, monkeypatch)
     dropped: list[str] = []
 
     def lose_a_stage(at: str) -> None:
