@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/scale.py [--sizes 50000,200000] [--repeats 3]
         [--masters local[1],local[2],local-cluster[2,1,1024],standalone] [--no-staged] [--staged-on MASTERS]
+        [--keyed]
         [--remote MASTER] [--rates 1e7,1e9] [--nodes 2,16] [--executors 1,4,16,64]
         [--destination-cores 2] [--json FILE] [--from-json FILE]
 
@@ -16,7 +17,8 @@
    --repeats times, interleaved; `JobResult.timings` gives the phases of each pass, /proc the CPU
    of the pass's processes and of the machine; on the first master (or those of --staged-on), also
    passes into a new table (every row staged, then committed per task on as many connections as
-   the master has cores: what a pass that adds a column does); with
+   the master has cores: what a pass that adds a column does), and with --keyed into a new table
+   with a primary key (`eventn_ctx_event_id`: every row staged, upserted per key bucket); with
    --remote, MASTER's passes again with `log.remote` on a moto S3 server started here;
 3. fits each driver phase (list, plan, load, settle, archive) as fixed + per event + per log, and
    the stage and the CPU as fixed + per event, on the medians of the repeats; prints the ratios
@@ -55,7 +57,7 @@ from common import CLOCK_TICKS, generate_logs, stage_as_rotated, tree_cpu
 from scale_report import report
 
 EVENTS_PER_LOG = 12_500
-MODE_OFFSETS = {"steady": 0, "staged": 50_000, "remote": 100_000}
+MODE_OFFSETS = {"steady": 0, "staged": 50_000, "remote": 100_000, "keyed": 150_000}
 """Seconds into the bench's day of each mode's first log: no two passes share a log name."""
 CLUSTER_CONF = {"spark.executor.memory": "512m", "spark.dynamicAllocation.enabled": "false"}
 """local-cluster and standalone executors: within the 1 GiB each worker offers. Executors kept for
@@ -92,6 +94,9 @@ def measure_master(job: dict[str, Any]) -> dict[str, Any]:
         out["types"] = batch.table_types(schema)
         out["passes"] = run_passes(loaded, session, job, "steady")
         out["staged"] = run_passes(loaded, session, job, "staged") if job["staged"] else []
+        if job["staged"] and job.get("keyed"):
+            keyed = common.bench_config(work / "keyed", job["master"], pg_destination(schema, ["eventn_ctx_event_id"]))
+            out["keyed"] = run_passes(keyed, session, job, "keyed")
         if job.get("remote"):
             remote = common.bench_config(work / "remote", job["master"], pg_destination(schema), job["remote"])
             out["remote"] = run_passes(remote, session, job, "remote")
@@ -101,14 +106,9 @@ def measure_master(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def pg_destination(schema: str) -> dict[str, Any]:
-    return {
-        "pg": {
-            "type": "postgres",
-            "datasource": {**batch.PG, "schema": schema},
-            "data_layout": {"table_name_template": "events"},
-        }
-    }
+def pg_destination(schema: str, keys: list[str] | None = None) -> dict[str, Any]:
+    layout: dict[str, Any] = {"table_name_template": "events", **({"primary_key_fields": keys} if keys else {})}
+    return {"pg": {"type": "postgres", "datasource": {**batch.PG, "schema": schema}, "data_layout": layout}}
 
 
 def spark_overheads(context: Any, cores: int, repeats: int = 5) -> tuple[float, float]:
@@ -130,11 +130,11 @@ def run_passes(loaded: Any, session: Any, job: dict[str, Any], mode: str) -> lis
     """Each configuration `repeats` times, interleaved (a burst of load elsewhere hits all sizes)."""
     runs = []
     configs = job["configs"]
-    if mode == "staged":  # the small passes add nothing to a per-event commit cost
+    if mode in ("staged", "keyed"):  # the small passes add nothing to a per-event commit cost
         configs = [c for c in configs if c["events"] >= job["staged_min"]]
     for repeat in range(job["repeats"]):
         for number, config in enumerate(configs):
-            if mode == "staged":  # every row staged, then committed per task, as when a column is added
+            if mode in ("staged", "keyed"):  # every row staged, then committed per task (or key bucket)
                 drop_table(job["schema"])
             offset = 1_000 + (repeat * len(configs) + number) * 100 + MODE_OFFSETS[mode]
             run = timed_pass(loaded, session, [Path(p) for p in config["files"]], offset)
@@ -342,6 +342,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--masters", default="local[1],local[2],local-cluster[2,1,1024],standalone")
     parser.add_argument("--no-staged", action="store_true", help="skip the passes into a new table")
     parser.add_argument("--staged-on", default="", help="masters running passes into a new table (default: the first)")
+    parser.add_argument("--keyed", action="store_true", help="staged masters: also passes into a new keyed table")
     parser.add_argument("--rates", type=numbers, default=[10_000_000, 1_000_000_000], help="events a day")
     parser.add_argument("--nodes", type=numbers, default=[2, 16], help="collector nodes at each rate")
     parser.add_argument("--executors", type=numbers, default=[1, 4, 16, 64])
@@ -406,6 +407,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             label = "".join(c if c.isalnum() else "_" for c in master).strip("_")
             spec = {**job, "schema": f"bench_scale_{label}", "staged": master in staged_on and not args.no_staged}
             spec["staged_min"] = min(args.sizes)
+            spec["keyed"] = args.keyed
             spec["remote"] = remote if master == args.remote else None
             started = time.perf_counter()
             measured = run_master(master, spec, work)

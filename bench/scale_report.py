@@ -73,7 +73,7 @@ def print_passes(measured: dict[str, Any]) -> None:
         f"{names}  cpu/busy"
     )
     groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
-    for run in measured["passes"] + measured.get("staged", []) + measured.get("remote", []):
+    for run in measured["passes"] + measured.get("staged", []) + measured.get("keyed", []) + measured.get("remote", []):
         groups.setdefault((run["mode"], run["events"], run["logs"]), []).append(run)
     for (mode, events, logs), runs in groups.items():
         totals = [r["total"] for r in runs]
@@ -126,6 +126,13 @@ def print_fits(results: list[dict[str, Any]]) -> None:
             load = fit_of(staged, lambda r: r["phases"]["load"])
             print(
                 f"  a pass that adds a column on {measured['label']} (every row staged, committed per task on "
+                f"{measured['cores']} connections): load = {load.fixed:.2f} s + {load.per_event * 1e6:.2f} µs/event"
+            )
+        keyed = measured.get("keyed") or []
+        if keyed:
+            load = fit_of(keyed, lambda r: r["phases"]["load"])
+            print(
+                f"  a pass into a keyed table on {measured['label']} (every row staged, upserted per key bucket, "
                 f"{measured['cores']} connections): load = {load.fixed:.2f} s + {load.per_event * 1e6:.2f} µs/event"
             )
 
@@ -250,6 +257,34 @@ def report(saved: dict[str, Any], args: argparse.Namespace) -> None:
     for line in scale_model.prediction_table(costs, works, args.executors):
         print("  " + line)
     print_driver_archive(costs, works)
+    print_task_commits(results, works, args.executors, args.destination_cores)
+
+
+def print_task_commits(
+    results: list[dict[str, Any]], works: list[Workload], executors: list[int], destination_cores: int
+) -> None:
+    """The load of a pass whose rows are all staged (it adds a column) with task commits: the
+    driver's part is the patch and a statement per unit; the INSERT ... SELECTs are the warehouse's
+    work, on min(connections, destination cores) at once (connections: the job's cores, one per
+    executor here). Per connection: the staged fit of the master with the fewest cores (local[1]:
+    one connection); the one serial commit it replaces is the same with one connection."""
+    staged = [m for m in results if m.get("staged")]
+    if not staged:
+        return
+    base = min(staged, key=lambda m: m["cores"])
+    fit = fit_of(base["staged"], lambda r: r["phases"]["load"])
+    per_connection = fit.per_event * base["cores"]  # the work of an event's commit on one connection
+    print(
+        f"\npasses that add a column (every row staged): {per_connection * 1e6:.2f} µs/event a connection "
+        f"({base['label']}'s staged fit × its {base['cores']} connections), over min(executors, "
+        f"{destination_cores} destination cores) connections; the one serial commit before: one connection"
+    )
+    for work in works:
+        serial = fit.fixed + work.events * per_connection
+        cells = ", ".join(
+            f"{n}: {fit.fixed + work.events * per_connection / min(n, destination_cores):.2f} s" for n in executors
+        )
+        print(f"  {scale_model._count(work.rate)}/day: load {cells} (serial: {serial:.2f} s)")
 
 
 def print_driver_archive(costs: Costs, works: list[Workload]) -> None:

@@ -68,11 +68,19 @@ def bucket_rows(
     if buckets <= 1:
         return {0: rows}
     stamps = [index for index, data_type in zip(keys, types, strict=False) if data_type is DataType.TIMESTAMP]
-    cut: dict[int, list[list[Any]]] = {}
-    for row in rows:
-        text = "\x1f".join(_timestamp_text(row[i]) if i in stamps else _key_text(row[i]) for i in keys)
-        cut.setdefault(zlib.crc32(text.encode("utf-8", "surrogatepass")) % buckets, []).append(row)
-    return cut
+    cut: list[list[list[Any]]] = [[] for _ in range(buckets)]
+    crc32 = zlib.crc32
+    if len(keys) == 1 and not stamps:  # the common key: one column, its text as it is (the hot loop)
+        index = keys[0]
+        for row in rows:
+            value = row[index]
+            text = value if type(value) is str else _key_text(value)
+            cut[crc32(text.encode("utf-8", "surrogatepass")) % buckets].append(row)
+    else:
+        for row in rows:
+            text = "\x1f".join(_timestamp_text(row[i]) if i in stamps else _key_text(row[i]) for i in keys)
+            cut[crc32(text.encode("utf-8", "surrogatepass")) % buckets].append(row)
+    return {bucket: found for bucket, found in enumerate(cut) if found}
 
 
 def _key_text(value: Any) -> str:
