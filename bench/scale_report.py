@@ -119,22 +119,20 @@ def print_fits(results: list[dict[str, Any]]) -> None:
             fit = fit_events_logs_of(measured["passes"], "archive")
             print_phase("archive", fit, f"  (a Spark job on {measured['label']}'s {measured['cores']} executor cores)")
     print_remote(results)
+    # Postgres's task commits: a transaction per task's rows (per key bucket), `cores` connections at once.
+    kinds = {
+        "staged": "a pass that adds a column on {} (every row staged, committed per task",
+        "keyed": "a pass into a keyed table on {} (every row staged, upserted per key bucket",
+    }
     for measured in results:
-        staged = measured.get("staged") or []
-        if staged:
-            # Postgres's task commits: one transaction per task's rows, `cores` connections at once.
-            load = fit_of(staged, lambda r: r["phases"]["load"])
-            print(
-                f"  a pass that adds a column on {measured['label']} (every row staged, committed per task on "
-                f"{measured['cores']} connections): load = {load.fixed:.2f} s + {load.per_event * 1e6:.2f} µs/event"
-            )
-        keyed = measured.get("keyed") or []
-        if keyed:
-            load = fit_of(keyed, lambda r: r["phases"]["load"])
-            print(
-                f"  a pass into a keyed table on {measured['label']} (every row staged, upserted per key bucket, "
-                f"{measured['cores']} connections): load = {load.fixed:.2f} s + {load.per_event * 1e6:.2f} µs/event"
-            )
+        for mode, what in kinds.items():
+            runs = measured.get(mode) or []
+            if runs:
+                load = fit_of(runs, lambda r: r["phases"]["load"])
+                print(
+                    f"  {what.format(measured['label'])}, {measured['cores']} connections): "
+                    f"load = {load.fixed:.2f} s + {load.per_event * 1e6:.2f} µs/event"
+                )
 
 
 def print_remote(results: list[dict[str, Any]]) -> None:
