@@ -215,6 +215,18 @@ def test_a_key_falls_in_one_bucket_whatever_the_type_it_was_staged_in() -> None:
     assert bucket_rows(rows, [0], 1) == {0: rows}
 
 
+def test_one_instant_or_one_boolean_falls_in_one_bucket_whatever_its_spelling_and_stage_type() -> None:
+    instants = ["2024-01-01T00:00:00Z", "2024-01-01T00:00:00+00:00", "2024-01-01T01:00:00.000+01:00"]
+    for stage in (DataType.TIMESTAMP, DataType.STRING):  # one chunk may stage it as either
+        for buckets in (5, 8):
+            found = {next(iter(bucket_rows([[i]], [0], buckets, [stage]))) for i in instants}
+            assert len(found) == 1, (stage, buckets)
+            timestamp_bucket = next(iter(bucket_rows([[instants[0]]], [0], buckets, [DataType.TIMESTAMP])))
+            assert found == {timestamp_bucket}
+    for buckets in (3, 5, 8):
+        assert len({next(iter(bucket_rows([[value]], [0], buckets))) for value in (True, "true")}) == 1
+
+
 def keyed_events(prefix: str, n: int, keys: range) -> list[dict[str, Any]]:
     return [event(f"{prefix}-{k}", key=f"k{k}", n=n) for k in keys]
 

@@ -53,6 +53,11 @@ class TaskUnit:
     splits: list[str]
 
 
+DEFAULT_CONNECTIONS = 16
+"""Commit connections of a pass when `spark.commit_connections` is 0: the job's parallelism, this
+many at most (a server's connections are few: Postgres allows 100 by default)."""
+
+
 def key_buckets(connections: int) -> int:
     """The buckets keyed rows are cut into for `connections` commit connections."""
     return max(1, min(connections, MAX_KEY_BUCKETS))
@@ -64,7 +69,8 @@ def bucket_rows(
     """Rows by the bucket of their key (the values at `keys`, of stage types `types`): a stable
     hash of the key's text, so that every executor puts a key in the same bucket whatever the type
     its values were staged in (1, "1" and 1.0 are one key once cast to the column's type; so are
-    the RFC 3339 texts of one instant in a timestamp column)."""
+    True and "true", and the RFC 3339 texts of one instant, staged as timestamps or as strings).
+    Two keys in one bucket cost nothing; one key in two buckets would race its upserts."""
     if buckets <= 1:
         return {0: rows}
     stamps = [index for index, data_type in zip(keys, types, strict=False) if data_type is DataType.TIMESTAMP]
@@ -74,7 +80,7 @@ def bucket_rows(
         index = keys[0]
         for row in rows:
             value = row[index]
-            text = value if type(value) is str else _key_text(value)
+            text = value if type(value) is str and not _stamp_like(value) else _key_text(value)
             cut[crc32(text.encode("utf-8", "surrogatepass")) % buckets].append(row)
     else:
         for row in rows:
@@ -84,9 +90,19 @@ def bucket_rows(
 
 
 def _key_text(value: Any) -> str:
-    if type(value) is float and value.is_integer():
+    kind = type(value)
+    if kind is str:
+        return _timestamp_text(value) if _stamp_like(value) else value
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is float and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+def _stamp_like(text: str) -> bool:
+    """Cheaply: might `text` be an RFC 3339 timestamp (`YYYY-MM-DDTHH:MM:SS...`)?"""
+    return len(text) >= 19 and text[4] == "-" and text[10] in "Tt " and text[13] == ":"
 
 
 def _timestamp_text(value: Any) -> str:

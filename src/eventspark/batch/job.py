@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eventspark.batch.commits import CommitPool, TaskUnit, UnitCommit, key_buckets
+from eventspark.batch.commits import DEFAULT_CONNECTIONS, CommitPool, TaskUnit, UnitCommit, key_buckets
 from eventspark.batch.failed_events import FailedEvents
 from eventspark.batch.load import (
     LOAD_ERRORS,
@@ -636,7 +636,8 @@ class BatchJob:
         # so one task: `parallelize` alone would cut by count. Each split still commits alone
         # (markers, memory). Only each task's TaskResult comes back to the driver.
         groups = group_splits(plan.splits, context.defaultParallelism, TASKS_PER_CORE)
-        self._commit_workers = self.config.spark.commit_connections or context.defaultParallelism
+        connections = self.config.spark.commit_connections
+        self._commit_workers = connections or min(context.defaultParallelism, DEFAULT_CONNECTIONS)
         plan.key_buckets = key_buckets(self._commit_workers)  # a bucket per connection: `batch.commits`
         if not groups:
             return _Collected()

@@ -354,7 +354,7 @@ class SparkConfig(Section):
         le=1024,
         description=(
             "connections per pass that commit staged rows at once, a task's rows per commit (Postgres, MySQL: "
-            "docs/batch.md); 0: as many as the Spark job's parallelism"
+            "docs/batch.md); 0: as many as the Spark job's parallelism, 16 at most"
         ),
     )
 
