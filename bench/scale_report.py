@@ -11,6 +11,7 @@ import statistics
 from typing import Any
 
 import scale_model
+from eventspark.batch.commits import DEFAULT_CONNECTIONS
 from scale_model import DRIVER_PHASES, Costs, Linear, Workload
 
 
@@ -275,12 +276,14 @@ def print_task_commits(
     print(
         f"\npasses that add a column (every row staged): {per_connection * 1e6:.2f} µs/event a connection "
         f"({base['label']}'s staged fit × its {base['cores']} connections), over min(executors, "
-        f"{destination_cores} destination cores) connections; the one serial commit before: one connection"
+        f"{DEFAULT_CONNECTIONS}, {destination_cores} destination cores) connections (`spark.commit_connections` "
+        "left at 0); the one serial commit before: one connection"
     )
     for work in works:
         serial = fit.fixed + work.events * per_connection
         cells = ", ".join(
-            f"{n}: {fit.fixed + work.events * per_connection / min(n, destination_cores):.2f} s" for n in executors
+            f"{n}: {fit.fixed + work.events * per_connection / min(n, DEFAULT_CONNECTIONS, destination_cores):.2f} s"
+            for n in executors
         )
         print(f"  {scale_model._count(work.rate)}/day: load {cells} (serial: {serial:.2f} s)")
 
