@@ -23,7 +23,7 @@ from eventspark import speedups
 from eventspark.config.base import DataSource
 from eventspark.destinations.base import StagedChunk, TerminalError, TransientError
 from eventspark.destinations.postgres.configuration import PostgresDestination
-from eventspark.destinations.postgres.dialect import STAGE_TYPES
+from eventspark.destinations.postgres.dialect import DIALECT, STAGE_TYPES
 from eventspark.destinations.sql.stages import new_stage_table
 from eventspark.steps.typing import DataType
 
@@ -111,8 +111,8 @@ class PostgresStageTarget:
     job_id: str
 
     json_lines: ClassVar[bool] = False
-    text_holds_nul: ClassVar[bool] = False
-    """Postgres text cannot store U+0000: the executors fail such a value's event
+    text_holds_nul: ClassVar[bool] = DIALECT.text_holds_nul
+    """Postgres text cannot store U+0000 (the dialect says so): the executors fail such a value's event
     (`batch.chunks.chunk_buffer`) rather than this COPY failing the whole chunk."""
 
     def open(self) -> PostgresStageWriter:
