@@ -125,6 +125,8 @@ def test_tokens_and_stream_destinations_follow_their_urls(
     # A new token and a new destination; the old ones removed (two sources, fetched apart).
     config_server.payloads["/dest"] = {"destinations": {"second": pg_stream(pg_datasource, "t2", "second")}}
     config_server.payloads["/keys"] = {"tokens": [token(2)]}
+    # Each of the two collector processes switches on its own poll: the sends below may reach either.
+    wait_for(lambda: server.text().count("config reloaded:") >= 2, 10, "both collector processes reloaded")
     wait_for(lambda: send(server, "s2") == [200], 10, "token s2 accepted")
     assert send(server, "s2", 20) == [200] * 20
     assert send(server, "s1", 10) == [401] * 10
@@ -185,5 +187,5 @@ def test_a_batch_destination_added_by_a_file_source(
     wait_for(lambda: "config reloaded:" in server.text(), 10, "the collector's reload")
     assert send(server, "s1", 3) == [200] * 3
     wait_for(lambda: rows(pg_schema, "batched") == 3, 120, "3 rows loaded by a batch pass into table batched")
-    assert rows(pg_schema, "first") == 4
+    wait_for(lambda: rows(pg_schema, "first") == 4, 30, "4 rows streamed into table first")
     assert server.stop() == 0

@@ -456,7 +456,9 @@ def test_the_collector_uploads_what_it_rotates(tmp_path: Path, moto_s3: str, s3_
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:  # rotation, then the upload in its thread
                 objects = await asyncio.to_thread(remote_objects, moto_s3, s3_bucket)
-                if objects and not [p for p in incoming.glob("*.log") if parse_log_name(p.name).rotated_at]:
+                # A rotation may fall between two posts: wait for every event, in one log or more.
+                uploaded = sum(len(body.splitlines()) for body in objects.values())
+                if uploaded >= 3 and not [p for p in incoming.glob("*.log") if parse_log_name(p.name).rotated_at]:
                     return objects
                 await asyncio.sleep(0.1)
             pytest.fail("no upload within 20 s")

@@ -80,6 +80,9 @@ def test_kill_9_with_a_non_empty_queue_loses_nothing(
         acknowledged = int(text)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
+    # It went on appending until the kill landed: the last count it printed bounds what it wrote.
+    printed = [int(line) for line in process.stdout.read().split()]
+    appended = printed[-1] if printed else acknowledged
     queue = QueueReader(queue_dir(tmp_path / "events", "pg"))
     queue.open()
     assert queue.pending_bytes() > 0, "the queue was empty at the kill: the test proves nothing"
@@ -93,7 +96,7 @@ def test_kill_9_with_a_non_empty_queue_loses_nothing(
     rows, distinct = counts(pg_schema)
     assert rows == distinct
     assert {f"e{n:06d}" for n in range(acknowledged)} <= ids_in(pg_schema)
-    assert rows < acknowledged + 50 * 2  # nothing invented: at most what was being appended
+    assert rows <= appended + 50  # nothing invented: at most what was being appended at the kill
     assert restarted.failed() == []
 
 
