@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,23 @@ def postgres_destination(datasource: dict[str, Any], template: str = MONTHLY, **
 
 
 _clock = [datetime(2020, 8, 2, 18, 0, tzinfo=UTC)]
+
+
+class MarkersAt:
+    """A pass's `fault` hook that calls `read` (the load markers, as a test reads them) when the pass
+    reaches `step`: once the pass archives its logs, their markers are removed (nothing reads them
+    again). `steps` lists every step the pass reached."""
+
+    def __init__(self, read: Callable[[], Any], step: str = "committed") -> None:
+        self.read = read
+        self.step = step
+        self.steps: list[str] = []
+        self.seen: Any = None
+
+    def __call__(self, at: str) -> None:
+        self.steps.append(at)
+        if at == self.step:
+            self.seen = self.read()
 
 
 def pair_counts(result: JobResult, dest_id: str = "pg", table: str = "t") -> tuple[int, int]:

@@ -21,7 +21,7 @@ from eventspark.destinations.postgres.configuration import PostgresDestination
 from eventspark.destinations.postgres.load import PostgresWarehouse
 from eventspark.destinations.sql.statements import split_marker_select
 from eventspark.steps.diff import TablePatch
-from tests.batch.helpers import event, make_config, pair_counts, pg_rows, postgres_destination, put_log
+from tests.batch.helpers import MarkersAt, event, make_config, pair_counts, pg_rows, postgres_destination, put_log
 from tests.conftest import pg_conninfo
 
 SPLIT = "incoming.tok.log@0-1000"
@@ -199,17 +199,20 @@ def test_passes_into_an_existing_table_write_it_directly_and_a_new_column_is_sta
     created = put_log(tmp_path, [event(f"a{i}", n=i) for i in range(3)])
     first = (f"{created.name}@0-{created.stat().st_size}", "t")
     # No table yet: staged; the driver patches, the task's rows are committed with their split's marker.
-    assert run_pass(loaded, coordination, session=spark).ok
-    assert markers(pg_schema) == {first}
+    committed = MarkersAt(lambda: markers(pg_schema))
+    assert run_pass(loaded, coordination, session=spark, fault=committed).ok
+    assert committed.seen == {first}
+    assert markers(pg_schema) == set()  # the log archived: its markers removed
 
     direct = put_log(tmp_path, [event(f"b{i}", n=i) for i in range(4)] + [event("misfit", n="x")])
     size = direct.stat().st_size
-    result = run_pass(loaded, coordination, session=spark)
+    committed = MarkersAt(lambda: markers(pg_schema))
+    result = run_pass(loaded, coordination, session=spark, fault=committed)
 
     assert result.ok and pair_counts(result) == (4, 1)
     # One split, written by its executor with its marker; no commit by the driver (no log marker).
-    assert markers(pg_schema) == {first, (f"{direct.name}@0-{size}", "t")}
-    assert not direct.exists()  # uploaded: archived
+    assert committed.seen == {(f"{direct.name}@0-{size}", "t")}
+    assert not direct.exists() and markers(pg_schema) == set()  # uploaded: archived, markers removed
     assert [r[0] for r in pg_rows(pg_schema, "SELECT eventn_ctx_event_id FROM t ORDER BY 1")] == [
         "a0",
         "a1",
@@ -222,9 +225,9 @@ def test_passes_into_an_existing_table_write_it_directly_and_a_new_column_is_sta
 
     widened = put_log(tmp_path, [event("c0", n=1), event("c1", n=2, extra="new column")])
     wide = (f"{widened.name}@0-{widened.stat().st_size}", "t")
-    assert run_pass(loaded, coordination, session=spark).ok
-    assert wide in markers(pg_schema)  # staged for the new column, committed with its split's marker
-    assert not {(name, table) for name, table in markers(pg_schema) if "@" not in name}  # no log marker
+    committed = MarkersAt(lambda: markers(pg_schema))
+    assert run_pass(loaded, coordination, session=spark, fault=committed).ok
+    assert committed.seen == {wide}  # staged for the new column, committed with its split's marker: no log marker
     assert pg_rows(pg_schema, "SELECT eventn_ctx_event_id, extra FROM t WHERE extra IS NOT NULL") == [
         ("c1", "new column")
     ]

@@ -23,7 +23,7 @@ from eventspark.logs.store import LocalStore
 from eventspark.steps.diff import TablePatch
 from eventspark.steps.template import STAGE_PREFIX
 from eventspark.steps.typing import DataType
-from tests.batch.helpers import SPARK, event, make_config, postgres_destination, put_log
+from tests.batch.helpers import SPARK, MarkersAt, event, make_config, postgres_destination, put_log
 from tests.conftest import pg_conninfo
 from tests.destinations.conftest import MYSQL_HOST, MYSQL_PORT, MYSQL_USER, mysql_connect, mysql_db
 from tests.destinations.test_mysql import rows_of
@@ -120,17 +120,20 @@ def test_a_new_table_is_patched_then_each_tasks_rows_commit_with_their_splits_ma
     loaded, _logs, keys = two_logs_of_small_splits(tmp_path, warehouse, monkeypatch)
     assert len(keys) >= 4  # several splits, in several tasks of local[2]
 
-    result = run_pass(loaded, MemoryCoordination("test"), session=spark)
+    committed = MarkersAt(warehouse.markers)
+    result = run_pass(loaded, MemoryCoordination("test"), session=spark, fault=committed)
 
     assert result.ok and result.pairs["wh", "t"].rows == 24
     assert warehouse.ids() == Counter(f"a{part}-{i}" for part in range(2) for i in range(12))
-    assert warehouse.markers() == keys  # a marker per split, none per log: no serial commit of the pair
+    assert committed.seen == keys  # a marker per split, none per log: no serial commit of the pair
+    assert warehouse.markers() == set()  # the logs archived: their markers removed
     assert warehouse.stage_tables() == []  # dropped with their commits
 
     # A pass that adds a column: patched once, committed per task again.
     wider = split_keys(put_logs(tmp_path, "b", extra="x"))
-    assert run_pass(loaded, MemoryCoordination("test"), session=spark).ok
-    assert warehouse.markers() == keys | wider
+    committed = MarkersAt(warehouse.markers)
+    assert run_pass(loaded, MemoryCoordination("test"), session=spark, fault=committed).ok
+    assert committed.seen == wider and warehouse.markers() == set()
     assert warehouse.rows("SELECT count(*), count(extra), count(DISTINCT eventn_ctx_event_id) FROM t") == [(48, 24, 48)]
 
 
@@ -155,11 +158,12 @@ def test_a_unit_that_fails_is_rolled_back_alone_and_the_rerun_loads_its_splits_o
     assert 0 < sum(first.values()) < 24 and max(first.values()) == 1
     assert all(log.exists() for log in logs)
 
-    assert run_pass(loaded, MemoryCoordination("test"), session=spark).ok
+    rerun = MarkersAt(warehouse.markers)
+    assert run_pass(loaded, MemoryCoordination("test"), session=spark, fault=rerun).ok
 
     assert warehouse.ids() == Counter(f"a{part}-{i}" for part in range(2) for i in range(12))
-    assert warehouse.markers() == keys
-    assert not any(log.exists() for log in logs)
+    assert rerun.seen == keys
+    assert not any(log.exists() for log in logs) and warehouse.markers() == set()
 
 
 def test_units_commit_in_parallel_and_a_failure_leaves_the_others(tmp_path: Path, warehouse: Warehouse) -> None:
@@ -257,11 +261,13 @@ def test_keyed_rows_commit_per_key_bucket_and_the_last_row_of_each_key_wins(
     assert len(commits) == 3  # three buckets, three units: the pool finished those it had started
     assert all(log.exists() for log in logs) and warehouse.markers() == set()
 
-    result = run_pass(loaded, MemoryCoordination("test"), session=spark, fault=commits.append)
+    rerun = MarkersAt(warehouse.markers)
+    result = run_pass(loaded, MemoryCoordination("test"), session=spark, fault=rerun)
 
-    assert result.ok and commits.count("task committed") == 6  # the rerun's three buckets, again
+    assert result.ok and rerun.steps.count("task committed") == 3  # the rerun's three buckets, again
     latest = {f"k{k}": 3 if k < 6 else 2 if k < 12 else 1 for k in range(24)}
     assert dict(warehouse.rows("SELECT key, n FROM t")) == latest
     assert warehouse.rows("SELECT count(*) FROM t") == [(24,)]
     # Once every bucket committed, the logs' markers (a crash before them: the rerun upserts again).
-    assert warehouse.markers() == {log.name for log in logs}
+    assert rerun.seen == {log.name for log in logs}
+    assert warehouse.markers() == set()  # then the archive: removed

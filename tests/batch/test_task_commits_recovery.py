@@ -20,7 +20,7 @@ from eventspark.logs.status import read_status
 from eventspark.logs.store import LocalStore
 from eventspark.steps.diff import TablePatch
 from eventspark.steps.typing import DataType
-from tests.batch.helpers import SPARK, event, failed_lines, make_config, put_log
+from tests.batch.helpers import SPARK, MarkersAt, event, failed_lines, make_config, put_log
 from tests.batch.test_retry import T0, run
 from tests.batch.test_task_commits import Warehouse, warehouse
 from tests.destinations.conftest import mysql_db
@@ -179,7 +179,8 @@ def test_a_table_the_warehouse_keys_and_the_config_does_not_is_committed_whole(
         adapter.close()
     logs = [put_log(tmp_path, [event(f"k{i % 30}", n=part) for i in range(30)]) for part in range(2)]
 
-    assert run_pass(loaded, MemoryCoordination("t"), session=spark).ok
+    committed = MarkersAt(warehouse.markers)
+    assert run_pass(loaded, MemoryCoordination("t"), session=spark, fault=committed).ok
 
     assert warehouse.rows("SELECT count(*), count(DISTINCT eventn_ctx_event_id) FROM t") == [(30, 30)]
-    assert warehouse.markers() == {log.name for log in logs}  # one commit: the logs' markers
+    assert committed.seen == {log.name for log in logs}  # one commit: the logs' markers

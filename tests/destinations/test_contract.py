@@ -523,3 +523,27 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) ->
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize(("dest_type", "mode"), [case for case in CASES if case.values[1] == "batch"])
+def test_the_load_markers_of_archived_logs_are_removed_and_no_others(
+    request: pytest.FixtureRequest, dest_type: str, mode: str
+) -> None:
+    """A log's load markers keep its reruns from loading it twice while it waits in incoming/; once
+    archived, no pass reads them: the archiving pass removes them, and only them (ClickHouse keeps
+    them: a DELETE there is a mutation rewriting the table's parts)."""
+    case = start(request, dest_type, mode, {"table_name_template": "t"})
+    case.send([event(0, a=1), event(1, a=2)])
+    [log] = case.runner.logs()
+    others = {f"{log.name}.old", f"{log.name}.old@0-10"}  # another log, its name starting with this one's
+    adapter = build_destination(DEST, case.loaded.config.destinations[DEST], case.events_dir)
+    try:
+        adapter.mark_loaded(DEST, "t", sorted(others))
+    finally:
+        adapter.close()
+
+    case.deliver()
+
+    assert not log.exists() and case.rows("t", [KEY]) == [(eid(0),), (eid(1),)]
+    markers = {file for (file,) in case.warehouse.select(LOADS_TABLE, ["file"])}
+    assert markers == (others | {log.name} if dest_type == "clickhouse" else others)

@@ -35,7 +35,7 @@ from eventspark.batch import splits
 from eventspark.batch.process import run_pass
 from eventspark.coordination import MemoryCoordination
 from eventspark.logs.status import status_path
-from tests.batch.helpers import duck_rows, duckdb_destination, event, failed_lines, make_config, put_log
+from tests.batch.helpers import MarkersAt, duck_rows, duckdb_destination, event, failed_lines, make_config, put_log
 from tests.conftest import pg_conninfo
 
 pytestmark = pytest.mark.spark
@@ -268,14 +268,17 @@ def test_an_executor_killed_around_a_split_commit_then_rerun_leaves_every_event_
     assert Counter(duck_ids(tmp_path)) == warm, "DuckDB is staged: nothing of the failed pass is committed"
 
     monkeypatch.setattr(splits, "SPLIT_BYTES", rerun_split_bytes)
-    result = run_pass(loaded, MemoryCoordination("rerun"), session=spark)
+    rerun = MarkersAt(lambda: split_markers(schema))  # read before the archive removes them
+    result = run_pass(loaded, MemoryCoordination("rerun"), session=spark, fault=rerun)
 
     assert result.ok and not any(log.exists() for log in logs)
     once, failed_once = assert_every_event_once(tmp_path, schema, warm)
-    assert len(split_markers(schema)) >= len(markers) + 2, "the rerun wrote its splits directly"
+    assert set(markers) <= set(rerun.seen)
+    assert len(rerun.seen) >= len(markers) + 2, "the rerun wrote its splits directly"
+    assert split_markers(schema) == []  # the logs archived: their markers removed
     figure(
         f"executor {fault}, rerun cutting {rerun_split_bytes} B: events {events} in "
-        f"{len(split_markers(schema))} direct splits, "
+        f"{len(rerun.seen)} direct splits, "
         f"{sum(written.values())} rows committed before the kill; in the warehouse once {once}, "
         f"failed lines once {failed_once}"
     )

@@ -242,6 +242,8 @@ class BatchJob:
         self._catalog: dict[tuple[str, str], dict[str, str]] = {}
         """(destination, table) → column → SQL type as the job found them, of the destinations with
         task commits: recorded with their committed splits (`_record_written`)."""
+        self._archived: list[str] = []
+        """Names of the logs the running job archived (their load markers go: `_forget_markers`)."""
         self._commit_workers = 1
         """Connections committing task units at once (`batch.commits`): `spark.commit_connections`,
         else the Spark job's parallelism (set by `_execute`)."""
@@ -300,6 +302,7 @@ class BatchJob:
         job_id = new_job_id(time.time())
         adapters: dict[str, DestinationAdapter] = {}
         self._catalog = {}
+        self._archived = []
         try:
             self._run(session, logs, job_id, adapters, result, only)
         finally:
@@ -360,6 +363,7 @@ class BatchJob:
         )
         clock.lap("settle")
         result.archived.extend(self._archive(session, done))  # after the append lock: gzipping takes a while
+        self._forget_markers(adapters)
         clock.lap("archive")
         return result
 
@@ -781,7 +785,21 @@ class BatchJob:
         if not logs:
             return []
         self._fenced("the archive")
-        return self.store.archive(logs, session)
+        archived = self.store.archive(logs, session)
+        self._archived.extend(logfile.name for logfile in logs)
+        return archived
+
+    def _forget_markers(self, adapters: dict[str, DestinationAdapter]) -> None:
+        """Removes the load markers of the logs this job archived from the destinations it opened
+        (`forget_loaded`): nothing reads them again. A failure only leaves rows behind: logged."""
+        if not self._archived:
+            return
+        self._fenced("removing the archived logs' load markers")
+        for dest_id, adapter in sorted(adapters.items()):
+            try:
+                adapter.forget_loaded(dest_id, self._archived)
+            except DestinationError as exc:
+                log.warning("%s: could not remove the load markers of archived logs: %s", dest_id, exc)
 
     def _fenced(self, step: str) -> None:
         """Stops the pass before `step` when the cluster's pass lock was lost (`fence`)."""

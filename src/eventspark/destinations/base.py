@@ -397,6 +397,12 @@ class DestinationAdapter(ABC):
         were committed without them (the key buckets of task commits, `batch.commits`)."""
         raise TerminalError(f"{type(self).__name__} has no load markers of its own to write")
 
+    def forget_loaded(self, dest_id: str, logs: Sequence[str]) -> None:
+        """Removes every load marker of the logs named `logs` for `dest_id` (per log and per split).
+        Called once the logs are archived: no pass reads them again (a log gone from incoming/ is
+        settled), so their markers would only grow the table. Nothing here: no markers."""
+        return None
+
     @abstractmethod
     def drop_stages(self, job_id: str) -> None:
         """Removes what the executors of `job_id` staged and `commit` did not consume."""

@@ -153,6 +153,10 @@ class ClickHouseWarehouse(SqlWarehouse):
             "ORDER BY (dest_id, file, table_name)",
         ]
 
+    def forget_loaded(self, dest_id: str, logs: Sequence[str]) -> None:
+        """Keeps the markers: a DELETE here is a mutation that rewrites the table's parts, too
+        heavy for every pass. ClickHouse writes no per-split markers, only one per log and table."""
+
     # --- tables -------------------------------------------------------------------------------
 
     def _catalog(self, client: SqlClient, name: str | None) -> tuple[list[Any], list[tuple[str, Sequence[str]]]]:

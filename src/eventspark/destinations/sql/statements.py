@@ -131,6 +131,15 @@ def split_marker_select(loads: str, literal: Quote, dest_id: str, logs: Sequence
     return f"SELECT DISTINCT file, table_name FROM {loads} WHERE dest_id = {literal(dest_id)} AND ({matches})"
 
 
+def marker_delete(loads: str, literal: Quote, dest_id: str, logs: Sequence[str], splits: bool) -> str:
+    """The DELETE of the markers of `logs` for `dest_id`: their log markers, and with `splits`
+    their per-split markers (`<log>@…`, matched as `split_marker_select` matches them)."""
+    matches = [f"file IN ({', '.join(literal(name) for name in logs)})"]
+    if splits:
+        matches += [f"file LIKE {literal(_like_escaped(name + '@') + '%')} ESCAPE '!'" for name in logs]
+    return f"DELETE FROM {loads} WHERE dest_id = {literal(dest_id)} AND ({' OR '.join(matches)})"
+
+
 def _like_escaped(text: str) -> str:
     return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
 

@@ -38,6 +38,7 @@ from eventspark.destinations.sql.statements import (
     copy_statements,
     group_by_non_null,
     insert_plan,
+    marker_delete,
     marker_insert,
     marker_select,
     split_marker_select,
@@ -47,6 +48,9 @@ from eventspark.steps.diff import Table, TablePatch
 from eventspark.steps.typing import DataType
 
 log = logging.getLogger(__name__)
+
+MARKER_DELETE_LOGS = 200
+"""Logs per DELETE of archived logs' markers (`forget_loaded`): a statement stays short."""
 
 
 class SqlClient(Protocol):
@@ -283,6 +287,16 @@ class SqlWarehouse(DestinationAdapter):
         doing = f"writing the load markers of table {table!r}"
         with self._session() as client, self._in_transaction(client, doing):
             client.execute(markers, doing)
+
+    def forget_loaded(self, dest_id: str, logs: Sequence[str]) -> None:
+        splits = self.capabilities.direct_writes or self.capabilities.task_commits
+        loads = self.name(LOADS_TABLE)
+        doing = "removing the load markers of archived logs"
+        with self._session() as client:
+            for start in range(0, len(logs), MARKER_DELETE_LOGS):
+                chunk = logs[start : start + MARKER_DELETE_LOGS]
+                with self._in_transaction(client, doing):
+                    client.execute(marker_delete(loads, self.literal, dest_id, chunk, splits), doing)
 
     def loaded_splits(self, dest_id: str, logs: Iterable[str]) -> set[tuple[str, str]]:
         wanted = list(logs)
