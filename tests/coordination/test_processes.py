@@ -72,7 +72,8 @@ def test_lock_of_a_killed_holder_expires_with_its_lease(shared_backend: Backend)
         holder.communicate()
     # The lock was not released by the dead holder: it stayed taken for what remained of its lease
     # (renewed every third of it, so at least about two thirds), then expired.
-    assert lease * 0.5 <= waited <= lease + 1.5, f"waited {waited:.2f} s for a {lease} s lease"
+    # Room above: etcd finds expired leases on its own timer (~0.5 s), its revoke is a disk write.
+    assert lease * 0.5 <= waited <= lease + 3, f"waited {waited:.2f} s for a {lease} s lease"
 
 
 def test_holder_in_another_process_makes_contender_time_out_then_releases(shared_backend: Backend) -> None:

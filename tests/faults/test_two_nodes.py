@@ -103,8 +103,9 @@ def test_lock_of_a_killed_node_expires_and_the_other_node_proceeds(
     wait_until(a_unlisted, timeout=HEARTBEAT_TTL_SEC + 10, period=0.1)
     unlisted = time.monotonic() - killed
     # The lease had between 2/3 and all of its length left at the kill, the heartbeat likewise.
-    assert LEASE_SEC * 0.5 <= lock_freed <= LEASE_SEC + 3, f"lock freed {lock_freed:.2f} s after the kill"
-    assert HEARTBEAT_TTL_SEC * 0.5 <= unlisted <= HEARTBEAT_TTL_SEC + 3, f"unlisted after {unlisted:.2f} s"
+    # Upper bounds with room: etcd finds expired leases on its own timer, its revoke is a disk write.
+    assert LEASE_SEC * 0.5 <= lock_freed <= LEASE_SEC + 5, f"lock freed {lock_freed:.2f} s after the kill"
+    assert HEARTBEAT_TTL_SEC * 0.5 <= unlisted <= HEARTBEAT_TTL_SEC + 5, f"unlisted after {unlisted:.2f} s"
     assert "from_a" not in columns_of(pg_schema)
     assert trouble_in(node_b) == [], node_b.text()
 

@@ -192,7 +192,7 @@ def test_concurrency_is_bounded(recorder: Recorder) -> None:
     assert len(recorder.requests) == 3
     first, second, third = recorder.arrivals
     assert second - first < 0.3
-    assert third - first >= 0.45
+    assert third - first >= 0.3  # at once it would be milliseconds; arrivals are recorded, not sent, times
 
 
 def test_secrets_never_in_repr_or_config_errors() -> None:
@@ -438,7 +438,9 @@ def test_retry_after_as_an_http_date(recorder: Recorder) -> None:
     assert 28 <= _retry_after(email.utils.formatdate(soon, usegmt=True)) <= 30
     minus_zero = email.utils.formatdate(soon).rsplit(" ", 1)[0] + " -0000"  # "-0000": UTC as well
     assert 28 <= _retry_after(minus_zero) <= 30
-    recorder.answer(429, Retry_After=email.utils.formatdate(time.time() + 1.5, usegmt=True))
-    adapter = sink("webhook", {"url": recorder.url + "/h", "retry_max_sec": 3})
+    due = time.time() + 2.5
+    recorder.answer(429, Retry_After=email.utils.formatdate(due, usegmt=True))
+    adapter = sink("webhook", {"url": recorder.url + "/h", "retry_max_sec": 4})
     assert send(adapter, {"n": 1}) == [None]
-    assert recorder.arrivals[1] - recorder.arrivals[0] >= 0.4  # waited for the date (1 s resolution)
+    # Waited for the date (1 s resolution: the second it names began up to 1 s before `due`).
+    assert time.time() >= int(due) and recorder.arrivals[1] - recorder.arrivals[0] >= 0.4
