@@ -363,7 +363,7 @@ class BatchJob:
         )
         clock.lap("settle")
         result.archived.extend(self._archive(session, done))  # after the append lock: gzipping takes a while
-        self._forget_markers(adapters)
+        self._forget_markers({d: a for d, a in adapters.items() if d not in dest_errors})
         clock.lap("archive")
         return result
 
@@ -790,11 +790,11 @@ class BatchJob:
         return archived
 
     def _forget_markers(self, adapters: dict[str, DestinationAdapter]) -> None:
-        """Removes the load markers of the logs this job archived from the destinations it opened
-        (`forget_loaded`): nothing reads them again. A failure only leaves rows behind: logged."""
-        if not self._archived:
+        """Removes the load markers of the logs this job archived from the destinations it reached
+        (`forget_loaded`) when the store's archive is final: nothing reads them again. Markers of
+        logs already gone from incoming/ need no lock. A failure only leaves rows behind: logged."""
+        if not self._archived or not self.store.archive_is_final:
             return
-        self._fenced("removing the archived logs' load markers")
         for dest_id, adapter in sorted(adapters.items()):
             try:
                 adapter.forget_loaded(dest_id, self._archived)

@@ -166,6 +166,9 @@ class LocalStore:
     """The rotated logs of `<log.path>/incoming`, as the pass always read them."""
 
     reader: RemoteReader | None = None
+    archive_is_final = True
+    """An archived log never comes back to incoming/ (its removal raises when it fails): the load
+    markers of the logs a pass archived go with them (`BatchJob._forget_markers`)."""
 
     def __init__(self, events_dir: Path) -> None:
         self.events_dir = events_dir
@@ -244,6 +247,13 @@ class LocalStore:
 class RemoteStore:
     """The rotated logs of every node under `log.remote`; failed files stay journaled on the node
     running the pass (`logs.failed`), copied beside the logs after each pass (`publish_failed`)."""
+
+    archive_is_final = False
+    """The load markers stay: they are what keeps a log from loading twice when it comes back to
+    incoming/ after its archive, as it can here. A node that crashed between a verified put and its
+    local delete puts the log again once retention removed its archive (`logs.upload._archived`),
+    and a bulk delete can leave a log behind without raising (S3 reports per-key errors that s3fs
+    drops), with its status file gone."""
 
     def __init__(self, remote: RemoteLogs, events_dir: Path, node: str) -> None:
         self.fs, self.root = remote_filesystem(remote)

@@ -289,6 +289,8 @@ class SqlWarehouse(DestinationAdapter):
             client.execute(markers, doing)
 
     def forget_loaded(self, dest_id: str, logs: Sequence[str]) -> None:
+        # Split markers (matched with LIKE … ESCAPE) exist only where these write them: Postgres
+        # and MySQL. BigQuery, which has no ESCAPE, never gets the LIKE.
         splits = self.capabilities.direct_writes or self.capabilities.task_commits
         loads = self.name(LOADS_TABLE)
         doing = "removing the load markers of archived logs"
