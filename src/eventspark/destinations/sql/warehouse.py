@@ -289,20 +289,24 @@ class SqlWarehouse(DestinationAdapter):
             client.execute(markers, doing)
 
     def forget_loaded(self, dest_id: str, logs: Sequence[str]) -> None:
-        # Split markers (matched with LIKE … ESCAPE) exist only where these write them: Postgres
-        # and MySQL. BigQuery, which has no ESCAPE, never gets the LIKE.
-        splits = self.capabilities.direct_writes or self.capabilities.task_commits
         loads = self.name(LOADS_TABLE)
         doing = "removing the load markers of archived logs"
         with self._session() as client:
             for start in range(0, len(logs), MARKER_DELETE_LOGS):
                 chunk = logs[start : start + MARKER_DELETE_LOGS]
+                statement = marker_delete(loads, self.literal, dest_id, chunk, self._split_markers)
                 with self._in_transaction(client, doing):
-                    client.execute(marker_delete(loads, self.literal, dest_id, chunk, splits), doing)
+                    client.execute(statement, doing)
+
+    @property
+    def _split_markers(self) -> bool:
+        """Whether per-split markers are ever written here (matched with LIKE … ESCAPE): only by
+        direct writes and task commits, Postgres and MySQL. BigQuery, without ESCAPE, has none."""
+        return self.capabilities.direct_writes or self.capabilities.task_commits
 
     def loaded_splits(self, dest_id: str, logs: Iterable[str]) -> set[tuple[str, str]]:
         wanted = list(logs)
-        if not wanted or not (self.capabilities.direct_writes or self.capabilities.task_commits):
+        if not wanted or not self._split_markers:
             return set()  # no split markers are ever written
         with self._session() as client:
             select = split_marker_select(self.name(LOADS_TABLE), self.literal, dest_id, wanted)
